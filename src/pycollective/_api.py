@@ -1,0 +1,305 @@
+"""Public collectives: argument checks, cross-rank agreement, dispatch.
+
+Every call follows the same order, so that a bad argument can never leave
+some ranks waiting for messages that will not come:
+
+1. Local checks (buffers, dtype, op, algorithm) and kernel selection, before
+   any message.  Kernel compilation happens here, outside anything timed.
+2. Agreement (on by default, see :func:`set_check`): one small
+   ``MPI_Allreduce`` on the private communicator carries each rank's error
+   flag and its (count, dtype, op, algorithm).  If any rank failed its local
+   checks, or the ranks disagree, every rank raises the same error.  With
+   agreement off, errors that depend only on facts shared by all ranks
+   (algorithm, op, dtype, sizes under the same-on-all-ranks contract) still
+   raise everywhere, but a rank-local mistake can leave the others waiting.
+3. Trivial cases (count 0, one rank) return without messages, identically
+   on every rank.
+4. The algorithm runs on flat views of the buffers.
+"""
+
+import os
+
+import numpy as np
+from mpi4py import MPI
+
+from . import _registry, algorithms  # noqa: F401  (registers the algorithms)
+from ._context import get_context
+from ._kernels import OPS, get_kernel, resolve_op
+from ._partition import chunk_bounds, partition
+from .algorithms.ring import allgather_phase, reduce_scatter_phase
+
+__all__ = ["allreduce", "reduce_scatter", "allgather", "algorithms", "set_check"]
+
+_check_enabled = os.environ.get("PYCOLLECTIVE_CHECK", "1").strip().lower() not in (
+    "0", "false", "no", "off")
+
+
+def set_check(enabled):
+    """Turn the cross-rank agreement step on or off; returns the previous setting.
+
+    The step costs one small ``MPI_Allreduce`` per call.  It turns a bad
+    argument on one rank, or ranks that disagree on count, dtype, op or
+    algorithm, into the same exception on every rank instead of a hang.
+    The environment variable ``PYCOLLECTIVE_CHECK=0`` sets the default off.
+    """
+    global _check_enabled
+    previous, _check_enabled = _check_enabled, bool(enabled)
+    return previous
+
+
+def algorithms():
+    """Return the names of the registered allreduce algorithms."""
+    return _registry.names()
+
+
+# --- local checks -------------------------------------------------------------
+
+def _resolve_comm(comm):
+    if comm is None:
+        return MPI.COMM_WORLD
+    if not isinstance(comm, MPI.Intracomm) or isinstance(comm, MPI.Intercomm):
+        raise TypeError(f"comm must be an mpi4py intracommunicator, got {type(comm).__name__}")
+    if comm == MPI.COMM_NULL:
+        raise ValueError("comm is MPI.COMM_NULL")
+    return comm
+
+
+def _flat(buf, name, writable):
+    """Flat view of a contiguous numpy array, in memory order."""
+    if not isinstance(buf, np.ndarray):
+        raise TypeError(f"{name} must be a numpy array, got {type(buf).__name__}")
+    if not (buf.flags.c_contiguous or buf.flags.f_contiguous):
+        raise ValueError(f"{name} is not contiguous (strides {buf.strides}); "
+                         "pass a contiguous array, e.g. np.ascontiguousarray(...)")
+    if writable and not buf.flags.writeable:
+        raise ValueError(f"{name} is read-only")
+    return buf.reshape(-1, order="A")
+
+
+def _buffers(sendbuf, recvbuf):
+    """Return (src, dst) flat views; src is dst for in-place calls."""
+    dst = _flat(recvbuf, "recvbuf", writable=True)
+    if sendbuf is MPI.IN_PLACE:
+        return dst, dst
+    src = _flat(sendbuf, "sendbuf", writable=False)
+    if src.dtype != dst.dtype:
+        raise TypeError(f"recvbuf dtype {dst.dtype} differs from sendbuf dtype {src.dtype}")
+    return src, dst
+
+
+def _same_or_disjoint(src, dst):
+    """``dst`` if both views are the same memory, ``src`` if disjoint; else error."""
+    if src is dst or not np.may_share_memory(src, dst):
+        return src
+    if (src.__array_interface__["data"][0] == dst.__array_interface__["data"][0]
+            and src.nbytes == dst.nbytes):
+        return dst  # the same memory passed twice: an in-place call
+    raise ValueError("sendbuf and recvbuf partially overlap")
+
+
+def _dtype_code(dtype):
+    return dtype.num
+
+
+# --- agreement ----------------------------------------------------------------
+
+_ERRORS = {"TypeError": TypeError, "ValueError": ValueError}
+
+
+def _agree(ctx, what, error, facts):
+    """Raise on every rank if any rank has ``error`` or ``facts`` differ.
+
+    ``facts`` is a tuple of (label, int) pairs that every rank must share.
+    """
+    labels = [label for label, _ in facts]
+    values = np.zeros(1 + 2 * len(facts), np.int64)
+    values[0] = ctx.rank if error is not None else -1
+    if error is None:
+        for i, (_, v) in enumerate(facts):
+            values[1 + 2 * i], values[2 + 2 * i] = v, -v
+    else:
+        values[1:] = np.iinfo(np.int64).min  # neutral for MAX
+    ctx.comm.Allreduce(MPI.IN_PLACE, values, op=MPI.MAX)
+    bad = int(values[0])
+    if bad >= 0:
+        info = (type(error).__name__, str(error)) if error is not None else None
+        kind, text = ctx.comm.bcast(info, root=bad)
+        if error is not None:
+            raise error
+        raise _ERRORS.get(kind, ValueError)(f"{what}: invalid arguments on rank {bad}: {text}")
+    for i, label in enumerate(labels):
+        hi, lo = values[1 + 2 * i], -values[2 + 2 * i]
+        if hi != lo:
+            raise ValueError(f"{what}: ranks disagree on {label} "
+                             f"(values from {lo} to {hi} across ranks)")
+
+
+def _prepare(what, comm, local):
+    """Run local checks, then agreement; return (ctx, plan)."""
+    comm = _resolve_comm(comm)
+    try:
+        plan, facts, error = local(), None, None
+        facts = plan.pop("facts")
+    except (TypeError, ValueError) as exc:
+        plan, error = None, exc
+    if comm.Get_size() == 1 or not _check_enabled:
+        if error is not None:
+            raise error
+        return get_context(comm), plan
+    ctx = get_context(comm)
+    _agree(ctx, what, error, facts)
+    return ctx, plan
+
+
+# --- collectives --------------------------------------------------------------
+
+def allreduce(sendbuf, recvbuf, op=MPI.SUM, *, comm=None, algorithm="ring"):
+    """Reduce ``sendbuf`` element-wise over all ranks into ``recvbuf`` on every rank.
+
+    Args:
+        sendbuf: contiguous numpy array (any shape, treated as flat; may be
+            read-only and is never modified), or ``MPI.IN_PLACE`` to reduce
+            ``recvbuf`` in place.
+        recvbuf: writable contiguous numpy array of the same dtype and size.
+        op: ``MPI.SUM``, ``MPI.PROD``, ``MPI.MAX``, ``MPI.MIN`` or their
+            names "sum", "prod", "max", "min".
+        comm: an mpi4py intracommunicator; ``None`` means ``MPI.COMM_WORLD``.
+        algorithm: one of :func:`algorithms`.
+
+    Returns:
+        ``recvbuf``, holding bitwise the same result on every rank.
+
+    Raises:
+        TypeError: non-numpy buffers, different dtypes, unsupported dtype,
+            a comm that is not an intracommunicator.
+        ValueError: sizes differ, non-contiguous or read-only recvbuf,
+            partially overlapping buffers, unknown op or algorithm, or
+            (with agreement on) arguments that differ across ranks.
+    """
+    def local():
+        algo = _registry.get(algorithm)
+        opname = resolve_op(op)
+        src, dst = _buffers(sendbuf, recvbuf)
+        if src.size != dst.size:
+            raise ValueError(f"recvbuf has {dst.size} elements but sendbuf has {src.size}")
+        src = _same_or_disjoint(src, dst)
+        kernel = get_kernel(opname, dst.dtype)
+        facts = (("count", dst.size), ("dtype", _dtype_code(dst.dtype)),
+                 ("op", OPS.index(opname)), ("algorithm", _registry.index(algo.name)))
+        return dict(algo=algo, src=src, dst=dst, kernel=kernel, facts=facts)
+
+    ctx, plan = _prepare("allreduce", comm, local)
+    src, dst = plan["src"], plan["dst"]
+    if dst.size == 0:
+        return recvbuf
+    if ctx.size == 1:
+        if src is not dst:
+            dst[...] = src
+        return recvbuf
+    plan["algo"].run(ctx, src, dst, plan["kernel"])
+    return recvbuf
+
+
+def reduce_scatter(sendbuf, recvbuf, op=MPI.SUM, *, comm=None):
+    """Ring reduce-scatter: rank r receives the reduction of chunk r.
+
+    The M elements of ``sendbuf`` are split as :func:`partition` says; rank r
+    gets elements ``[offset, offset + length)`` of the element-wise
+    reduction, where ``(offset, length) = partition(M, N, r)``.
+
+    Args:
+        sendbuf: contiguous numpy array of M elements (same M on every rank),
+            never modified; or ``MPI.IN_PLACE``, in which case ``recvbuf``
+            holds the M input elements and the result is written over its
+            own chunk ``recvbuf[offset:offset + length]`` (the other chunks
+            are left unchanged).
+        recvbuf: writable contiguous array of ``length`` elements (M in place).
+        op: as for :func:`allreduce`.
+        comm: as for :func:`allreduce`.
+
+    Returns:
+        ``recvbuf``.
+
+    Raises:
+        TypeError, ValueError: as for :func:`allreduce`; ValueError when
+        ``recvbuf`` does not have this rank's chunk length.
+    """
+    def local():
+        opname = resolve_op(op)
+        in_place = sendbuf is MPI.IN_PLACE
+        src, dst = _buffers(sendbuf, recvbuf)
+        nranks, rank = _resolve_comm(comm).Get_size(), _resolve_comm(comm).Get_rank()
+        offset, length = partition(src.size, nranks, rank)
+        if in_place:
+            out = dst[offset:offset + length]
+        else:
+            if dst.size != length:
+                raise ValueError(
+                    f"recvbuf has {dst.size} elements but this rank's chunk of "
+                    f"{src.size} over {nranks} ranks has {length}")
+            if np.may_share_memory(src, dst):
+                raise ValueError("sendbuf and recvbuf overlap; use MPI.IN_PLACE")
+            out = dst
+        kernel = get_kernel(opname, dst.dtype)
+        facts = (("count", src.size), ("dtype", _dtype_code(dst.dtype)),
+                 ("op", OPS.index(opname)))
+        return dict(src=src, out=out, kernel=kernel, facts=facts)
+
+    ctx, plan = _prepare("reduce_scatter", comm, local)
+    src, out = plan["src"], plan["out"]
+    if src.size == 0:
+        return recvbuf
+    if ctx.size == 1:
+        if not np.may_share_memory(src, out):
+            out[...] = src
+        return recvbuf
+    reduce_scatter_phase(ctx, src, out, plan["kernel"], chunk_bounds(src.size, ctx.size))
+    return recvbuf
+
+
+def allgather(sendbuf, recvbuf, *, comm=None):
+    """Ring allgather: every rank receives all ranks' chunks, placed by :func:`partition`.
+
+    Args:
+        sendbuf: contiguous numpy array with this rank's chunk of M elements
+            (``partition(M, N, rank)[1]`` elements), or ``MPI.IN_PLACE`` when
+            ``recvbuf`` already holds it at its offset.
+        recvbuf: writable contiguous array of M elements (same M on every rank).
+        comm: as for :func:`allreduce`.
+
+    Returns:
+        ``recvbuf``.
+
+    Raises:
+        TypeError, ValueError: as for :func:`allreduce`; ValueError when
+        ``sendbuf`` does not have this rank's chunk length.
+    """
+    def local():
+        dst = _flat(recvbuf, "recvbuf", writable=True)
+        nranks, rank = _resolve_comm(comm).Get_size(), _resolve_comm(comm).Get_rank()
+        offset, length = partition(dst.size, nranks, rank)
+        src = None
+        if sendbuf is not MPI.IN_PLACE:
+            src = _flat(sendbuf, "sendbuf", writable=False)
+            if src.dtype != dst.dtype:
+                raise TypeError(f"recvbuf dtype {dst.dtype} differs from sendbuf dtype {src.dtype}")
+            if src.size != length:
+                raise ValueError(
+                    f"sendbuf has {src.size} elements but this rank's chunk of "
+                    f"{dst.size} over {nranks} ranks has {length}")
+            if np.may_share_memory(src, dst) and not np.shares_memory(
+                    src, dst[offset:offset + length]):
+                raise ValueError("sendbuf overlaps recvbuf outside this rank's chunk")
+        facts = (("count", dst.size), ("itemsize", dst.dtype.itemsize))
+        return dict(src=src, dst=dst, offset=offset, facts=facts)
+
+    ctx, plan = _prepare("allgather", comm, local)
+    src, dst, offset = plan["src"], plan["dst"], plan["offset"]
+    if src is not None and src.size:
+        mine = dst[offset:offset + src.size]
+        if not (src.__array_interface__["data"][0] == mine.__array_interface__["data"][0]):
+            mine[...] = src
+    if dst.size == 0 or ctx.size == 1:
+        return recvbuf
+    allgather_phase(ctx, dst, chunk_bounds(dst.size, ctx.size))
+    return recvbuf

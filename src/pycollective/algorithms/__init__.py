@@ -1,0 +1,3 @@
+"""Allreduce algorithms; importing this package registers each of them."""
+
+from . import ring, tree, butterfly, ps, naive  # noqa: F401  (registration order)

@@ -1,0 +1,64 @@
+"""Naive allreduce: every rank sends its whole vector to every other rank.
+
+Each rank posts nonblocking sends of its input to all N-1 others, then
+reduces the N vectors itself in rank order ``((x0 op x1) op x2) ...``.  The
+order is the same on every rank, so all ranks get the same bits.  Rank 0's
+vector is received straight into the output; later ones arrive in two
+alternating scratch buffers, the next receive posted before the current
+reduction.  In place, the input is first copied aside because the output is
+overwritten while the sends may still be reading.
+
+Each rank sends and receives (N-1)·M elements: N²·M in all, the lecture's
+baseline.  Cost: (N-1)·(α + M·s·β) + (N-1)·M·s·γ per rank, with all links
+busy at once.
+"""
+
+import numpy as np
+from mpi4py import MPI
+
+from .._registry import register
+from ._p2p import msg
+
+TAG = 141
+
+
+def naive_allreduce(ctx, src, dst, kernel):
+    comm, n, r = ctx.comm, ctx.size, ctx.rank
+    own = src
+    if src is dst or np.may_share_memory(src, dst):
+        own = ctx.scratch("naive.own", src.size, src.dtype)
+        own[...] = src
+    sends = [comm.Isend(msg(own), j, TAG) for j in range(n) if j != r]
+
+    # Operands in rank order; x0 lands in dst when it comes from another rank.
+    bufs = (ctx.scratch("naive.recv0", dst.size, dst.dtype),
+            ctx.scratch("naive.recv1", dst.size, dst.dtype))
+    later = [j for j in range(1, n) if j != r]  # remote sources after rank 0
+    slot = {j: bufs[i % 2] for i, j in enumerate(later)}
+
+    def post(i):
+        return comm.Irecv(msg(slot[later[i]]), later[i], TAG) if i < len(later) else None
+
+    if r == 0:
+        acc = own
+    else:
+        comm.Recv(msg(dst), 0, TAG)
+        acc = dst
+    nxt = 0
+    req = post(nxt)
+    for j in range(1, n):
+        if j == r:
+            operand = own
+        else:
+            req.Wait()
+            operand = slot[j]
+            nxt += 1
+            # The other buffer was consumed by the previous reduction.
+            req = post(nxt)
+        kernel(acc, operand, dst)
+        acc = dst
+    MPI.Request.Waitall(sends)
+
+
+register("naive", naive_allreduce,
+         "every rank sends its whole vector to every other rank and reduces all N")

@@ -1,0 +1,46 @@
+"""Parameter-server allreduce: rank 0 serves, every other rank pushes and pulls.
+
+Push: each worker ``r > 0`` sends its whole vector to rank 0.  Rank 0
+receives them in rank order into two alternating buffers (the next receive is
+posted before the current one is reduced, so transfer and reduction overlap)
+and accumulates ``((x0 op x1) op x2) ...``.
+
+Pull: rank 0 sends the result to every worker (nonblocking sends, then one
+wait), and each worker receives it into its output.
+
+Everything crosses rank 0's link: (N-1)·M elements in and (N-1)·M out, so the
+time grows linearly with N.  Cost: 2(N-1)·(α + M·s·β) + (N-1)·M·s·γ, all
+serialised at the server.
+"""
+
+from mpi4py import MPI
+
+from .._registry import register
+from ._p2p import msg
+
+TAG_PUSH = 131
+TAG_PULL = 132
+SERVER = 0
+
+
+def ps_allreduce(ctx, src, dst, kernel):
+    comm, n, r = ctx.comm, ctx.size, ctx.rank
+    if r != SERVER:
+        comm.Send(msg(src), SERVER, TAG_PUSH)
+        comm.Recv(msg(dst), SERVER, TAG_PULL)
+        return
+    bufs = (ctx.scratch("ps.recv0", dst.size, dst.dtype),
+            ctx.scratch("ps.recv1", dst.size, dst.dtype))
+    cur = src
+    req = comm.Irecv(msg(bufs[0]), 1, TAG_PUSH)
+    for j in range(1, n):
+        req.Wait()
+        if j + 1 < n:
+            req = comm.Irecv(msg(bufs[j % 2]), j + 1, TAG_PUSH)
+        kernel(cur, bufs[(j - 1) % 2], dst)
+        cur = dst
+    MPI.Request.Waitall([comm.Isend(msg(dst), j, TAG_PULL) for j in range(1, n)])
+
+
+register("ps", ps_allreduce,
+         "parameter server: rank 0 gathers every vector, reduces, sends the sum back")

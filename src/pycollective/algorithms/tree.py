@@ -1,0 +1,58 @@
+"""Binomial-tree allreduce: reduce to rank 0, then broadcast back down.
+
+Reduce, steps k = 0 .. ceil(log2 N)-1 with ``mask = 2**k``: a rank whose
+lowest set bit is ``mask`` sends its whole partial vector to its parent
+``r - mask`` and is done; a rank with no bit at or below ``mask`` set receives
+from ``r + mask`` (if that rank exists) and reduces into its output.  Rank 0
+then holds ``((x0+x1)+(x2+x3))+...`` in a fixed order.
+
+Broadcast, the same tree in reverse: a rank receives the result from its
+parent ``r - lowbit(r)`` and forwards it to ``r + mask`` for every smaller
+power of two ``mask``, largest first.
+
+One whole-vector message per step, 2·ceil(log2 N) steps (the lecture's
+count); the result is computed once and copied, so every rank holds the same
+bits.  Cost: 2·ceil(log2 N)·(α + M·s·β) + ceil(log2 N)·M·s·γ: few messages,
+but the whole vector on every step, so it suits small messages.
+"""
+
+from .._registry import register
+from ._p2p import msg
+
+TAG_UP = 111
+TAG_DOWN = 112
+
+
+def tree_allreduce(ctx, src, dst, kernel):
+    comm, n, r = ctx.comm, ctx.size, ctx.rank
+    tmp = None
+    cur = src  # the partial result so far; becomes dst after the first reduction
+    mask = 1
+    while mask < n:
+        if r & mask:
+            comm.Send(msg(cur), r - mask, TAG_UP)
+            break
+        if r + mask < n:
+            if tmp is None:
+                tmp = ctx.scratch("tree.recv", dst.size, dst.dtype)
+            comm.Recv(msg(tmp), r + mask, TAG_UP)
+            kernel(cur, tmp, dst)
+            cur = dst
+        mask <<= 1
+
+    if r == 0:
+        top = 1
+        while top < n:
+            top <<= 1
+    else:
+        top = r & -r
+        comm.Recv(msg(dst), r - top, TAG_DOWN)
+    mask = top >> 1
+    while mask:
+        if r + mask < n:
+            comm.Send(msg(dst), r + mask, TAG_DOWN)
+        mask >>= 1
+
+
+register("tree", tree_allreduce,
+         "binomial tree: reduce to rank 0 then broadcast, 2*ceil(log2 N) whole-vector steps")
