@@ -23,13 +23,17 @@ _KEEP_BYTES = 64 << 20
 class Context:
     """Private communicator, rank, size and scratch space of one user comm."""
 
-    __slots__ = ("comm", "rank", "size", "_scratch")
+    __slots__ = ("comm", "rank", "size", "_scratch", "cache")
 
     def __init__(self, comm):
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self._scratch = {}
+        # Per-communicator state an algorithm builds once (sub-communicators,
+        # shared windows, persistent requests), keyed by the algorithm.  Each
+        # value may have a ``free()`` method, called when the context dies.
+        self.cache = {}
 
     def scratch(self, slot, count, dtype):
         """Return an uninitialised array of ``count`` ``dtype`` elements.
@@ -47,6 +51,11 @@ class Context:
 
     def free(self):
         self._scratch.clear()
+        for value in self.cache.values():
+            free = getattr(value, "free", None)
+            if free is not None:
+                free()
+        self.cache.clear()
         if self.comm != MPI.COMM_NULL:
             self.comm.Free()
 
