@@ -106,19 +106,22 @@ def _dtype_code(dtype):
 _ERRORS = {"TypeError": TypeError, "ValueError": ValueError}
 
 
+_MAX_FACTS = 4  # every rank sends the same-length vector, error or not
+
+
 def _agree(ctx, what, error, facts):
     """Raise on every rank if any rank has ``error`` or ``facts`` differ.
 
-    ``facts`` is a tuple of (label, int) pairs that every rank must share.
+    ``facts`` is a tuple of at most ``_MAX_FACTS`` (label, int) pairs that
+    every rank must share (None on a rank with an error).  One MAX-allreduce
+    of ``[error rank, f1, -f1, f2, -f2, ...]`` gives both the largest and the
+    smallest value of each fact; they differ iff the ranks disagree.
     """
-    labels = [label for label, _ in facts]
-    values = np.zeros(1 + 2 * len(facts), np.int64)
+    values = np.full(1 + 2 * _MAX_FACTS, np.iinfo(np.int64).min, np.int64)
     values[0] = ctx.rank if error is not None else -1
     if error is None:
         for i, (_, v) in enumerate(facts):
             values[1 + 2 * i], values[2 + 2 * i] = v, -v
-    else:
-        values[1:] = np.iinfo(np.int64).min  # neutral for MAX
     ctx.comm.Allreduce(MPI.IN_PLACE, values, op=MPI.MAX)
     bad = int(values[0])
     if bad >= 0:
@@ -127,7 +130,7 @@ def _agree(ctx, what, error, facts):
         if error is not None:
             raise error
         raise _ERRORS.get(kind, ValueError)(f"{what}: invalid arguments on rank {bad}: {text}")
-    for i, label in enumerate(labels):
+    for i, (label, _) in enumerate(facts):
         hi, lo = values[1 + 2 * i], -values[2 + 2 * i]
         if hi != lo:
             raise ValueError(f"{what}: ranks disagree on {label} "
@@ -137,11 +140,12 @@ def _agree(ctx, what, error, facts):
 def _prepare(what, comm, local):
     """Run local checks, then agreement; return (ctx, plan)."""
     comm = _resolve_comm(comm)
+    plan, facts, error = None, None, None
     try:
-        plan, facts, error = local(), None, None
+        plan = local()
         facts = plan.pop("facts")
     except (TypeError, ValueError) as exc:
-        plan, error = None, exc
+        error = exc
     if comm.Get_size() == 1 or not _check_enabled:
         if error is not None:
             raise error

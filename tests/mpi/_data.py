@@ -1,0 +1,91 @@
+"""Test data that catch misplaced chunks, and the reductions they should give.
+
+Every element depends on both the rank and the index (``h = 37 i + 101 r + 7``),
+so a chunk delivered to the wrong place or taken from the wrong rank changes
+the result.  "Exact" data are integers small enough that every partial
+reduction is exact in the dtype (integer overflow wraps, identically in any
+order), so the right answer is known bit for bit.  "Random" data exercise
+rounding and are checked against an error bound instead.
+"""
+
+import zlib
+
+import numpy as np
+from mpi4py import MPI
+
+MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
+MAX_RANKS = 8  # data ranges are chosen so sums over this many ranks stay exact
+
+
+def _exact_limit(dtype):
+    if dtype.kind == "f":
+        return 2 ** (np.finfo(dtype).nmant + 1)
+    return 2 ** 21  # integers: any range works (wrap-around is exact), keep it varied
+
+
+def exact_values(rank, count, dtype, op):
+    """Integer-valued data for ``rank`` whose reduction is exact in ``dtype``."""
+    dtype = np.dtype(dtype)
+    h = np.arange(count, dtype=np.int64) * 37 + rank * 101 + 7
+    if op == "prod":
+        table = [1, 2, 3, 1, 2] if dtype.kind == "u" else [1, 2, -1, 1, -2]
+        return np.array(table, np.int64)[h % 5].astype(dtype)
+    k = _exact_limit(dtype) // MAX_RANKS // 2
+    if dtype.kind == "u":
+        return (h % (2 * k + 1)).astype(dtype)
+    return (h % (2 * k + 1) - k).astype(dtype)
+
+
+def exact_reduce(arrays, op, dtype):
+    """The exact reduction of integer-valued arrays, as ``dtype`` (wrapping like C)."""
+    dtype = np.dtype(dtype)
+    stack = np.array([a.astype(np.int64) for a in arrays], np.int64).reshape(len(arrays), -1)
+    with np.errstate(over="ignore"):
+        result = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min}[op](stack, axis=0)
+    if dtype.kind in "iu":
+        return result.astype(dtype)  # int64 -> narrower integer wraps modulo 2**bits
+    return result.astype(np.float64).astype(dtype)
+
+
+def random_values(rank, count, dtype, op, seed=0):
+    """Floating data with rounding in every reduction step."""
+    rng = np.random.default_rng([seed, rank, count])
+    if op == "prod":
+        x = rng.uniform(0.5, 2.0, count) * rng.choice([-1.0, 1.0], count)
+    else:
+        x = rng.standard_normal(count) * (10.0 if np.dtype(dtype) != np.float16 else 1.0)
+    return x.astype(dtype)
+
+
+def rounding_bound(arrays, op, dtype):
+    """Per-element bound on |computed - exact| for any reduction order.
+
+    A sum of N terms in any order is within (N-1)·u·Σ|x_i|·(1 + O(u)) of the
+    exact sum (u = eps/2), and a product within (N-1)·u·|Π x_i|·(1 + O(u));
+    (N-1)·eps covers both with room to spare.  Returns (exact, bound).
+    """
+    stack = np.array([a.astype(np.float64) for a in arrays]).reshape(len(arrays), -1)
+    eps = float(np.finfo(dtype).eps)
+    n = len(arrays)
+    if op == "sum":
+        exact, scale = stack.sum(axis=0), np.abs(stack).sum(axis=0)
+    else:
+        exact = stack.prod(axis=0)
+        scale = np.abs(exact)
+    return exact, (n - 1) * eps * scale + float(np.finfo(dtype).smallest_subnormal)
+
+
+def replicas_identical(comm, array):
+    """True on every rank iff all ranks hold the same bytes."""
+    crcs = comm.allgather(zlib.crc32(np.ascontiguousarray(array).view(np.uint8)))
+    return len(set(crcs)) == 1
+
+
+def bitwise_equal(a, b):
+    return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(
+        a.view(np.uint8), b.view(np.uint8))
+
+
+def counts_for(nranks):
+    """0, 1, N-1, N, N+1, a prime, 1000 and the prime 10007."""
+    return sorted({0, 1, max(nranks - 1, 0), nranks, nranks + 1, 13, 1000, 10007})

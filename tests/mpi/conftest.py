@@ -1,0 +1,63 @@
+"""Configuration for tests run on several ranks (``--with-mpi``).
+
+A test that fails on one rank while the others wait in a collective would
+hang the job, so the first failure on any rank prints its report and calls
+``MPI_Abort``: the job ends at once with a non-zero status, and the serial
+launcher (``tests/test_mpi_suites.py``) shows the report.
+"""
+
+import sys
+
+import pytest
+from mpi4py import MPI
+
+
+_outcomes = {"passed": 0, "skipped": 0}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call" and report.passed:
+        _outcomes["passed"] += 1
+    elif report.skipped:
+        _outcomes["skipped"] += 1
+    if report.failed and MPI.COMM_WORLD.Get_size() > 1:
+        rank = MPI.COMM_WORLD.Get_rank()
+        sys.stderr.write(f"\n[rank {rank}] FAILED {report.nodeid} ({report.when})\n"
+                         f"{report.longreprtext}\n[rank {rank}] aborting the MPI job\n")
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
+
+
+@pytest.fixture(scope="session")
+def layouts():
+    """Communicators to test on: the world, and Split halves of every size.
+
+    Splitting the world into ``[0, k)`` and ``[k, W)`` gives each rank a
+    communicator of size ``k`` or ``W - k``, so one launch of W ranks covers
+    every size from 1 to W.  Each entry is ``(label, comm)``.
+    """
+    world = MPI.COMM_WORLD
+    size, rank = world.Get_size(), world.Get_rank()
+    comms = [("world", world)]
+    for k in range(1, size // 2 + 1):
+        sub = world.Split(0 if rank < k else 1, rank)
+        comms.append((f"split{k}", sub))
+    yield comms
+    for label, comm in comms[1:]:
+        comm.Free()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """One summary line from rank 0, agreed over all ranks (read by test_mpi_suites.py)."""
+    world = MPI.COMM_WORLD
+    counts = world.gather((_outcomes["passed"], _outcomes["skipped"], int(exitstatus)), root=0)
+    if world.Get_rank() == 0:
+        passed = {c[0] for c in counts}
+        status = max(c[2] for c in counts)
+        sys.stdout.write(
+            f"\npycollective-mpi-suite: {world.Get_size()} ranks, passed per rank "
+            f"{sorted(passed)}, skipped {counts[0][1]}, worst exit status {status}\n")
+        sys.stdout.flush()
