@@ -51,5 +51,20 @@ def butterfly_allreduce(ctx, src, dst, kernel):
         comm.Send(msg(dst), r + p, TAG_UNFOLD)
 
 
+def butterfly_cost(nranks, count, itemsize, alpha, beta, gamma):
+    """α-β-γ time of :func:`butterfly_allreduce`, fold and unfold included.
+
+    A non-power-of-two N pays two extra whole-vector messages (fold, unfold)
+    and one extra reduction on top of the log2(p) exchanges of p = 2^floor(log2 N).
+    """
+    p = 1 << (nranks.bit_length() - 1)
+    rounds = p.bit_length() - 1  # log2 p
+    folded = 1 if nranks != p else 0
+    nbytes = count * itemsize
+    return ((rounds + 2 * folded) * (alpha + nbytes * beta)
+            + (rounds + folded) * nbytes * gamma)
+
+
 register("butterfly", butterfly_allreduce,
-         "recursive doubling with partner rank XOR 2^k; extra ranks folded in and out")
+         "recursive doubling with partner rank XOR 2^k; extra ranks folded in and out",
+         cost=butterfly_cost)

@@ -60,5 +60,18 @@ def naive_allreduce(ctx, src, dst, kernel):
     MPI.Request.Waitall(sends)
 
 
+def naive_cost(nranks, count, itemsize, alpha, beta, gamma):
+    """α-β-γ time of :func:`naive_allreduce` on a full-duplex link per rank.
+
+    Each rank sends and receives N-1 whole vectors and reduces N-1 times; the
+    model assumes links that do not slow each other down, which shared memory
+    does not honour (all N(N-1) messages share the memory bus).
+    """
+    others = nranks - 1
+    nbytes = count * itemsize
+    return others * (alpha + nbytes * beta) + others * nbytes * gamma
+
+
 register("naive", naive_allreduce,
-         "every rank sends its whole vector to every other rank and reduces all N")
+         "every rank sends its whole vector to every other rank and reduces all N",
+         cost=naive_cost)

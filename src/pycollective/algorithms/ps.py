@@ -42,5 +42,18 @@ def ps_allreduce(ctx, src, dst, kernel):
     MPI.Request.Waitall([comm.Isend(msg(dst), j, TAG_PULL) for j in range(1, n)])
 
 
+def ps_cost(nranks, count, itemsize, alpha, beta, gamma):
+    """α-β-γ time of :func:`ps_allreduce`: the server's N-1 receives, then N-1 sends.
+
+    Both directions cross the server's link one vector at a time, and the
+    pull only starts once the push is reduced, so the server pays 2(N-1)
+    whole-vector messages (the lecture's N·M·w counts one direction only).
+    """
+    workers = nranks - 1
+    nbytes = count * itemsize
+    return 2 * workers * (alpha + nbytes * beta) + workers * nbytes * gamma
+
+
 register("ps", ps_allreduce,
-         "parameter server: rank 0 gathers every vector, reduces, sends the sum back")
+         "parameter server: rank 0 gathers every vector, reduces, sends the sum back",
+         cost=ps_cost)

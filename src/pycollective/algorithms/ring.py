@@ -73,5 +73,18 @@ def ring_allreduce(ctx, src, dst, kernel):
     allgather_phase(ctx, dst, bounds)
 
 
+def ring_cost(nranks, count, itemsize, alpha, beta, gamma):
+    """α-β-γ time of :func:`ring_allreduce` (see the essay above).
+
+    Every step waits for its largest chunk, ``ceil(M/N)`` elements (the first
+    ``M % N`` chunks of :func:`~pycollective.partition`); when M < N the empty
+    chunks still cost a message each, so α is paid 2(N-1) times regardless.
+    """
+    steps = nranks - 1
+    chunk = -(-count // nranks) * itemsize
+    return 2 * steps * (alpha + chunk * beta) + steps * chunk * gamma
+
+
 register("ring", ring_allreduce,
-         "reduce-scatter then allgather around a ring: 2(N-1) steps of M/N elements")
+         "reduce-scatter then allgather around a ring: 2(N-1) steps of M/N elements",
+         cost=ring_cost)

@@ -54,5 +54,17 @@ def tree_allreduce(ctx, src, dst, kernel):
         mask >>= 1
 
 
+def tree_cost(nranks, count, itemsize, alpha, beta, gamma):
+    """α-β-γ time of :func:`tree_allreduce`: 2·ceil(log2 N) whole-vector steps.
+
+    Rank 0 receives from ceil(log2 N) children one after the other, reducing
+    each, and sends to as many in the broadcast; any N, power of two or not.
+    """
+    depth = (nranks - 1).bit_length()  # ceil(log2 N)
+    nbytes = count * itemsize
+    return 2 * depth * (alpha + nbytes * beta) + depth * nbytes * gamma
+
+
 register("tree", tree_allreduce,
-         "binomial tree: reduce to rank 0 then broadcast, 2*ceil(log2 N) whole-vector steps")
+         "binomial tree: reduce to rank 0 then broadcast, 2*ceil(log2 N) whole-vector steps",
+         cost=tree_cost)

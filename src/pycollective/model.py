@@ -1,0 +1,810 @@
+"""The α-β-γ cost model: predicted allreduce times, calibration, and ``algorithm="auto"``.
+
+Model.  A message of n bytes costs ``α + n·β`` (α: start-up seconds per
+message, β: seconds per byte sent), and reducing n bytes into a buffer costs
+``n·γ``.  Each algorithm's registry entry carries ``cost(nranks, count,
+itemsize, alpha, beta, gamma) -> seconds``, the time along its critical path
+as the algorithm is actually implemented: ceil-sized chunks when M is not a
+multiple of N, empty chunks that still cost a message when M < N, the fold
+and unfold of a non-power-of-two butterfly, the server's two directions in
+the parameter server.  :func:`predict` evaluates it; :func:`choose` takes the
+fastest, which is what ``allreduce(..., algorithm="auto")`` runs.
+
+Lecture formulas.  The lecture the project grew from (section 2.3 table 1,
+section 4.4 and its program ``allreduce_model.c``, exercise 1) writes
+``w`` for the transfer time of one element and uses textbook formulas:
+
+=========  ===========================  =====================================
+name       lecture                      implemented (``predict``, γ = 0)
+=========  ===========================  =====================================
+ring       2(N-1)(α + (M/N)·w)          same, with ceil(M/N)
+tree       2·ceil(log2 N)·(α + M·w)     same
+butterfly  ceil(log2 N)·(α + M·w)       (log2 p + 2·[N≠p])(α + M·w), p = 2^floor(log2 N)
+ps         N·M·w + 2α                   2(N-1)(α + M·w)
+naive      (N-1)·M·w + α                (N-1)(α + M·w)
+=========  ===========================  =====================================
+
+:func:`lecture_predict` keeps the lecture's formulas so its numbers can be
+reproduced (and are pinned by tests); :func:`predict` is what the library
+believes about its own code and is what :func:`choose` uses.
+
+Units.  The lecture's tables 7 and 8 use ``w = 5e-11`` s per element, which
+its text calls "fp16 at 10 GB/s"; but 2 bytes at 10 GB/s take 2e-10 s (its
+C program divides the time per byte by the bytes per element instead of
+multiplying).  This module never converts implicitly: pass ``w`` directly
+(``--w 5e-11`` reproduces the tables), or bytes per element and bandwidth,
+from which ``w = bytes / bandwidth`` (``--bytes-per-element 2 --bandwidth
+10e9`` gives 2e-10 s and times four times larger than the tables).
+Exercise 1 (fp32 at 12.5 GB/s, w = 3.2e-10 s) is consistent either way.
+
+Calibration.  ``mpiexec -n N python -m pycollective.model --calibrate``
+(or ``scripts/run_mpi.sh N -m pycollective.model --calibrate``) measures on
+this machine, with all N ranks busy at once as they are inside an
+allreduce: α and β from ring exchanges (``Sendrecv`` to the right neighbour,
+from the left) over a range of message sizes, fitted by least squares on the
+relative error (so small and large sizes weigh alike), and γ per dtype from
+the reduction kernels.  The result is stored per communicator size N,
+because oversubscribed ranks (8 ranks on 2 cores) see a much larger α and β
+than 2 ranks do; sizes that were not calibrated are interpolated linearly
+in N (and clamped outside the calibrated range).  The file is JSON at
+``$PYCOLLECTIVE_MODEL`` if set, else ``$XDG_CACHE_HOME/pycollective/model.json``
+(``~/.cache/pycollective/model.json``); ``--output`` writes elsewhere, and
+calibrations at other N already in the file are kept.
+
+Auto.  ``choose`` is a pure function of (N, M, dtype, op, parameters), so
+ranks agree as long as they hold the same parameters.  ``allreduce`` makes
+sure they do: on the first call on a communicator rank 0 loads the
+parameters and broadcasts them (:func:`_auto_for`), and choices are cached
+per (M, dtype, op) in the communicator's context.
+"""
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import sys
+import time
+import warnings
+
+import numpy as np
+
+from . import _registry, algorithms  # noqa: F401  (registers the algorithms)
+
+__all__ = [
+    "DEFAULTS", "predict", "predict_all", "lecture_predict", "choose",
+    "load_params", "save_params", "params_for", "default_path",
+    "fit_alpha_beta", "calibrate",
+]
+
+# Used when no calibration file exists.  Measured at N = 2 on the 2-core
+# development machine (MPICH 5 shared memory, float32 sum, see the README);
+# only their ratios matter for choosing, and they are of the right order for
+# any shared-memory node: a few µs per message, a few GB/s per link.
+DEFAULTS = {
+    "alpha": 4.0e-6,     # s per message (mpi4py Sendrecv through Python)
+    "beta": 2.5e-10,     # s per byte sent (about 4 GB/s)
+    "gamma": 1.5e-10,    # s per byte reduced (numba sum of float32)
+}
+
+LECTURE = {
+    # name: (formula in the lecture's words, f(M, N, w, alpha))
+    "ring": ("2(N-1)(a + (M/N)w)",
+             lambda M, N, w, a: 2.0 * (N - 1) * (a + (M / N) * w)),
+    "tree": ("2 ceil(log2 N)(a + Mw)",
+             lambda M, N, w, a: 2.0 * math.ceil(math.log2(N)) * (a + M * w)),
+    "butterfly": ("ceil(log2 N)(a + Mw)",
+                  lambda M, N, w, a: math.ceil(math.log2(N)) * (a + M * w)),
+    "ps": ("NMw + 2a", lambda M, N, w, a: N * M * w + 2 * a),
+    "naive": ("(N-1)Mw + a", lambda M, N, w, a: (N - 1) * M * w + a),
+}
+
+
+# --- prediction ---------------------------------------------------------------
+
+def _check_args(nranks, count, alpha, beta, gamma, itemsize):
+    if not isinstance(nranks, (int, np.integer)) or nranks < 1:
+        raise ValueError(f"nranks must be a positive integer, got {nranks!r}")
+    if not isinstance(count, (int, np.integer)) or count < 0:
+        raise ValueError(f"count must be a non-negative integer, got {count!r}")
+    if not isinstance(itemsize, (int, np.integer)) or itemsize < 1:
+        raise ValueError(f"itemsize must be a positive integer, got {itemsize!r}")
+    for label, v in (("alpha", alpha), ("beta", beta), ("gamma", gamma)):
+        if not (isinstance(v, (int, float, np.floating)) and v >= 0 and math.isfinite(v)):
+            raise ValueError(f"{label} must be a finite number >= 0, got {v!r}")
+
+
+def _cost(name):
+    algo = _registry.get(name)  # ValueError naming the registered ones
+    if algo.cost is None:
+        raise ValueError(
+            f"algorithm {name!r} has no cost model: pass cost=f(nranks, count, "
+            f"itemsize, alpha, beta, gamma) to register() in its module")
+    return algo.cost
+
+
+def predict(algorithm, nranks, count, *, alpha, beta, gamma=0.0, itemsize=4):
+    """Predicted time of one allreduce of ``count`` elements over ``nranks`` ranks.
+
+    This is the implementation-faithful model (see the module docstring);
+    use :func:`lecture_predict` for the lecture's textbook formulas.
+
+    Args:
+        algorithm: a registered algorithm name (see
+            :func:`pycollective.algorithms`).
+        nranks: communicator size N (>= 1).
+        count: elements per rank M (>= 0).
+        alpha: seconds per message.
+        beta: seconds per byte sent.
+        gamma: seconds per byte reduced.
+        itemsize: bytes per element (pass ``itemsize=1`` and ``beta=w`` to
+            work in seconds per element).
+
+    Returns:
+        Seconds (float).  0.0 for ``count == 0`` or ``nranks == 1``, which
+        ``allreduce`` answers without any message.
+
+    Raises:
+        ValueError: for an unregistered algorithm (the message lists the
+            registered ones), an algorithm registered without a cost model,
+            or invalid numbers.
+    """
+    cost = _cost(algorithm)
+    _check_args(nranks, count, alpha, beta, gamma, itemsize)
+    if count == 0 or nranks == 1:
+        return 0.0
+    return float(cost(int(nranks), int(count), int(itemsize), alpha, beta, gamma))
+
+
+def predict_all(nranks, count, *, alpha, beta, gamma=0.0, itemsize=4):
+    """Return ``{name: seconds}`` from :func:`predict` for every registered algorithm."""
+    return {name: predict(name, nranks, count, alpha=alpha, beta=beta, gamma=gamma,
+                          itemsize=itemsize)
+            for name in _registry.names()}
+
+
+def lecture_predict(algorithm, nranks, count, *, alpha, w):
+    """The lecture's textbook time for ``algorithm`` (its ``allreduce_model.c``).
+
+    Args:
+        algorithm: one of "ring", "tree", "butterfly", "ps", "naive".
+        nranks: N (>= 1); the lecture's tables use powers of two.
+        count: M elements (float, as in the lecture: 1.5e9 is fine).
+        alpha: seconds per step.
+        w: seconds to transfer one element (not one byte).
+
+    Returns:
+        Seconds (float).
+
+    Raises:
+        ValueError: for a name the lecture has no formula for, or N < 1.
+    """
+    try:
+        formula = LECTURE[algorithm][1]
+    except KeyError:
+        raise ValueError(f"the lecture has no formula for {algorithm!r}; "
+                         f"it has: {', '.join(LECTURE)}") from None
+    if nranks < 1:
+        raise ValueError(f"nranks must be >= 1, got {nranks}")
+    return float(formula(float(count), int(nranks), float(w), float(alpha)))
+
+
+# --- parameters ---------------------------------------------------------------
+
+def default_path():
+    """Where calibrations are stored and looked for by default.
+
+    ``$PYCOLLECTIVE_MODEL`` if set, else ``$XDG_CACHE_HOME/pycollective/model.json``
+    (``~/.cache/pycollective/model.json`` when XDG_CACHE_HOME is unset).
+    """
+    env = os.environ.get("PYCOLLECTIVE_MODEL")
+    if env:
+        return os.path.expanduser(env)
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "pycollective", "model.json")
+
+
+def _number(d, key, where):
+    v = d.get(key)
+    if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        raise ValueError(f"{where}: {key!r} must be a number >= 0, got {v!r}")
+    return float(v)
+
+
+def _validate(data, where):
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected a JSON object")
+    for key in ("alpha", "beta", "gamma"):
+        _number(data, key, where)
+    by_n = data.get("by_nranks", {})
+    if not isinstance(by_n, dict):
+        raise ValueError(f"{where}: 'by_nranks' must be an object keyed by N")
+    for n, entry in by_n.items():
+        if not str(n).isdigit() or int(n) < 1 or not isinstance(entry, dict):
+            raise ValueError(f"{where}: bad 'by_nranks' entry {n!r}")
+        for key in ("alpha", "beta", "gamma"):
+            _number(entry, key, f"{where} [N={n}]")
+
+
+def load_params(path=None, *, nranks=None):
+    """Load the calibrated α, β, γ (or the documented :data:`DEFAULTS`).
+
+    Args:
+        path: a calibration JSON file; None means :func:`default_path`.  A
+            missing file gives the defaults (``source`` says so).
+        nranks: if given, return the parameters for a communicator of this
+            size (see :func:`params_for`) instead of the whole file.
+
+    Returns:
+        A dict with at least ``alpha``, ``beta``, ``gamma`` (the values at the
+        smallest calibrated N) and ``source``; a calibration file adds
+        ``gamma_by_dtype`` and ``by_nranks`` ({N: {alpha, beta, gamma, ...}}).
+
+    Raises:
+        ValueError: for a file that exists but is not a valid calibration.
+    """
+    path = default_path() if path is None else os.fspath(path)
+    if not os.path.exists(path):
+        params = dict(DEFAULTS, source=f"defaults (no calibration at {path})")
+    else:
+        try:
+            with open(path) as f:
+                params = json.load(f)
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"cannot read calibration {path}: {exc}") from None
+        _validate(params, path)
+        params["source"] = path
+    return params if nranks is None else params_for(params, nranks)
+
+
+def _interp(x, xs, ys):
+    if x <= xs[0]:
+        return ys[0]
+    if x >= xs[-1]:
+        return ys[-1]
+    for x0, x1, y0, y1 in zip(xs, xs[1:], ys, ys[1:]):
+        if x0 <= x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+def params_for(params, nranks):
+    """The α, β, γ of ``params`` for a communicator of ``nranks`` ranks.
+
+    Calibrated sizes are used as measured; others are interpolated linearly
+    in N between the neighbouring calibrated sizes, and clamped to the
+    nearest one outside the calibrated range (oversubscription makes
+    extrapolation meaningless).  Parameters without ``by_nranks`` (the
+    defaults, a hand-written file) are returned as they are.
+
+    Returns:
+        dict with ``alpha``, ``beta``, ``gamma``, ``gamma_by_dtype``, ``source``.
+    """
+    by_n = params.get("by_nranks") or {}
+    out = {"alpha": params["alpha"], "beta": params["beta"], "gamma": params["gamma"],
+           "gamma_by_dtype": dict(params.get("gamma_by_dtype") or {}),
+           "source": params.get("source", "given")}
+    if not by_n:
+        return out
+    ns = sorted(int(n) for n in by_n)
+    entries = [by_n[str(n)] if str(n) in by_n else by_n[n] for n in ns]
+    for key in ("alpha", "beta", "gamma"):
+        out[key] = _interp(nranks, ns, [e[key] for e in entries])
+    dtypes = set.intersection(*(set(e.get("gamma_by_dtype") or {}) for e in entries))
+    out["gamma_by_dtype"] = {
+        dt: _interp(nranks, ns, [e["gamma_by_dtype"][dt] for e in entries]) for dt in dtypes}
+    return out
+
+
+def save_params(params, path=None):
+    """Write ``params`` as JSON to ``path`` (default :func:`default_path`); return the path.
+
+    Raises:
+        ValueError: if ``params`` is not a valid calibration.
+    """
+    path = default_path() if path is None else os.fspath(path)
+    data = {k: v for k, v in params.items() if k != "source"}
+    _validate(data, "params")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)  # readers never see half a file
+    return path
+
+
+# --- choice -------------------------------------------------------------------
+
+_default_params = None
+
+
+def _gamma(flat, dtype):
+    return flat["gamma_by_dtype"].get(dtype.name, flat["gamma"])
+
+
+def _fastest(nranks, count, dtype, flat):
+    best, best_t = None, math.inf
+    for name in _registry.names():  # registry order breaks ties, same on every rank
+        algo = _registry.get(name)
+        if algo.cost is None:
+            continue
+        t = algo.cost(nranks, count, dtype.itemsize, flat["alpha"], flat["beta"],
+                      _gamma(flat, dtype))
+        if t < best_t:
+            best, best_t = name, t
+    if best is None:
+        raise ValueError("no registered algorithm has a cost model")
+    return best
+
+
+def choose(nranks, count, dtype, op="sum", params=None):
+    """Name of the algorithm predicted fastest: what ``algorithm="auto"`` runs.
+
+    A pure function of its arguments, so ranks holding the same parameters
+    choose the same algorithm.  The op is accepted for the interface but does
+    not change the choice: the four kernels run at the same speed per byte.
+
+    Args:
+        nranks: communicator size N.
+        count: elements per rank M.
+        dtype: anything ``numpy.dtype`` accepts; its itemsize and its γ count.
+        op: reduction (name or MPI op), validated.
+        params: from :func:`load_params` (whole file or one N); None loads
+            the default calibration once per process.
+
+    Returns:
+        A registered algorithm name.
+
+    Raises:
+        ValueError: for an unsupported op, bad sizes, or when no algorithm
+            has a cost model.
+    """
+    global _default_params
+    from ._kernels import resolve_op
+    resolve_op(op)
+    dtype = np.dtype(dtype)
+    if params is None:
+        if _default_params is None:
+            _default_params = load_params()
+        params = _default_params
+    _check_args(nranks, count, params["alpha"], params["beta"], params["gamma"],
+                dtype.itemsize)
+    return _fastest(int(nranks), int(count), dtype, params_for(params, nranks))
+
+
+class _Auto:
+    """Per-communicator state of ``algorithm="auto"``: rank 0's parameters, cached choices."""
+
+    __slots__ = ("params", "flat", "size", "choices")
+    _LIMIT = 4096  # bound the cache for programs that sweep many sizes
+
+    def __init__(self, params, size):
+        self.params = params
+        self.size = size
+        self.flat = params_for(params, size)
+        self.choices = {}
+
+    def choose(self, count, dtype, opname):
+        key = (count, dtype.num, opname)
+        name = self.choices.get(key)
+        if name is None:
+            if len(self.choices) >= self._LIMIT:
+                self.choices.clear()
+            name = self.choices[key] = _fastest(self.size, count, dtype, self.flat)
+        return name
+
+
+def _auto_for(comm):
+    """The :class:`_Auto` state of ``comm``; collective on its first use.
+
+    Rank 0 alone reads the calibration and broadcasts it, so every rank holds
+    the same parameters and therefore makes the same choice.  A failure on
+    rank 0 is broadcast too and raised on every rank as ValueError.
+    """
+    from ._context import get_context
+    ctx = get_context(comm)
+    state = ctx.cache.get("model.auto")
+    if state is None:
+        payload = None
+        if ctx.rank == 0:
+            try:
+                payload = (load_params(), None)
+            except Exception as exc:  # any failure must reach every rank
+                payload = (None, f"{type(exc).__name__}: {exc}")
+        params, error = ctx.comm.bcast(payload, root=0) if ctx.size > 1 else payload
+        if error is not None:
+            raise ValueError(f"algorithm='auto': rank 0 could not load the cost model: {error}")
+        state = ctx.cache["model.auto"] = _Auto(params, ctx.size)
+    return state
+
+
+# --- calibration ----------------------------------------------------------------
+
+def fit_alpha_beta(sizes, times):
+    """Least-squares fit of ``times ≈ alpha + beta * sizes`` on relative error.
+
+    Minimises Σ((α + β·n_i − t_i)/t_i)², so a 5 µs point counts as much as a
+    50 ms one; α and β are kept >= 0 (if the free fit makes one negative,
+    it is fixed at 0 and the other refitted).
+
+    Args:
+        sizes: message sizes (bytes), at least two distinct.
+        times: measured seconds, all > 0.
+
+    Returns:
+        ``(alpha, beta, residual)``, residual being the root-mean-square
+        relative error of the fit (0.05 means 5 %).
+
+    Raises:
+        ValueError: for mismatched lengths, fewer than two distinct sizes or
+            non-positive times.
+    """
+    n = np.asarray(sizes, float)
+    t = np.asarray(times, float)
+    if n.shape != t.shape or n.ndim != 1:
+        raise ValueError("sizes and times must be 1-d and of the same length")
+    if len(np.unique(n)) < 2:
+        raise ValueError("need at least two distinct sizes to fit alpha and beta")
+    if np.any(t <= 0) or not np.all(np.isfinite(t)):
+        raise ValueError("times must be finite and > 0")
+    a = np.column_stack([1.0 / t, n / t])
+    (alpha, beta), *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
+    if alpha < 0:
+        alpha, beta = 0.0, float(np.sum(n / t) / np.sum((n / t) ** 2))
+    elif beta < 0:
+        alpha, beta = float(np.sum(1 / t) / np.sum((1 / t) ** 2)), 0.0
+    rel = (alpha + beta * n - t) / t
+    return float(alpha), float(beta), float(np.sqrt(np.mean(rel ** 2)))
+
+
+def _sizes(lo, hi, factor):
+    out, s = [], lo
+    while s <= hi:
+        out.append(int(s))
+        s *= factor
+    return out
+
+
+def _timed(comm, body, steps, reps):
+    """Median over ``reps`` of the slowest rank's time per call of ``body``."""
+    from mpi4py import MPI
+    samples = []
+    for rep in range(reps + 1):  # the first repetition warms up
+        comm.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            body()
+        dt = (time.perf_counter() - t0) / steps
+        dt = comm.allreduce(dt, op=MPI.MAX)
+        if rep:
+            samples.append(dt)
+    return float(np.median(samples))
+
+
+def _steps(nbytes, budget=1 << 22):
+    return max(2, min(64, budget // max(nbytes, 1024)))
+
+
+CALIBRATED_DTYPES = ("float32", "float64", "float16", "int32", "int64")
+
+
+def calibrate(comm=None, *, min_bytes=4, max_bytes=1 << 25, factor=4, reps=5,
+              dtypes=CALIBRATED_DTYPES, log=None):
+    """Measure α, β and γ on ``comm`` (collective: every rank must call it).
+
+    α and β come from ring exchanges of n bytes (every rank ``Sendrecv``s to
+    its right neighbour and from its left one at the same time, through the
+    same helper the algorithms use), γ for each dtype from its ``sum`` kernel
+    run on every rank at once.  Times are the slowest rank's, median over
+    ``reps`` repetitions.
+
+    Args:
+        comm: an mpi4py intracommunicator with at least 2 ranks; None means
+            ``MPI.COMM_WORLD``.
+        min_bytes, max_bytes, factor: message sizes min_bytes·factor^k.
+        reps: timed repetitions per size (after one warm-up).
+        dtypes: dtypes whose γ to measure; the first one gives ``gamma``.
+        log: callable receiving progress lines (on rank 0), or None.
+
+    Returns:
+        The calibration of this N as a dict: ``nranks``, ``alpha``, ``beta``,
+        ``gamma``, ``gamma_by_dtype``, ``residual`` (RMS relative error of the
+        α-β fit), ``gamma_residual``, the raw ``exchange`` and ``kernel``
+        measurements, and a description of the machine and MPI library.
+
+    Raises:
+        ValueError: on a communicator of one rank, or bad sizes.
+    """
+    from mpi4py import MPI
+    from ._kernels import get_kernel
+    from .algorithms._p2p import sendrecv
+
+    comm = MPI.COMM_WORLD if comm is None else comm
+    size, rank = comm.Get_size(), comm.Get_rank()
+    if size < 2:
+        raise ValueError("calibration needs at least 2 ranks (run it under mpiexec -n N)")
+    if not 1 <= min_bytes < max_bytes or factor < 2:
+        raise ValueError("need 1 <= min_bytes < max_bytes and factor >= 2")
+    say = log if (log is not None and rank == 0) else (lambda line: None)
+    comm = comm.Dup()  # our messages never meet the caller's
+    try:
+        right, left = (rank + 1) % size, (rank - 1) % size
+        sizes = _sizes(min_bytes, max_bytes, factor)
+        sbuf = np.arange(max_bytes, dtype=np.uint8)
+        rbuf = np.empty(max_bytes, np.uint8)
+        exchange = []
+        for n in sizes:
+            def body(n=n):
+                sendrecv(comm, sbuf[:n], right, rbuf[:n], left, 7)
+            t = _timed(comm, body, _steps(n), reps)
+            exchange.append([n, t])
+            say(f"  exchange {n:>10d} B  {t * 1e6:12.2f} us")
+        alpha, beta, residual = fit_alpha_beta(*zip(*exchange))
+        say(f"  alpha = {alpha * 1e6:.3f} us, beta = {beta * 1e9:.4f} ns/B "
+            f"({1e-9 / beta if beta else math.inf:.2f} GB/s), rms rel. residual {residual:.1%}")
+
+        kernel_sizes = _sizes(max(4096, min_bytes), max_bytes, factor)
+        gamma_by_dtype, kernel = {}, {}
+        for dt in map(np.dtype, dtypes):
+            k = get_kernel("sum", dt)
+            a = np.ones(max_bytes // dt.itemsize, dt)
+            b = np.ones_like(a)
+            out = np.empty_like(a)
+            rows = []
+            for n in kernel_sizes:
+                m = n // dt.itemsize
+                av, bv, ov = a[:m], b[:m], out[:m]
+                rows.append([m * dt.itemsize,
+                             _timed(comm, lambda: k(av, bv, ov), _steps(n), reps)])
+            _, g, g_res = fit_alpha_beta(*zip(*rows))
+            gamma_by_dtype[dt.name] = g
+            kernel[dt.name] = rows
+            say(f"  gamma[{dt.name}] = {g * 1e9:.4f} ns/B, rms rel. residual {g_res:.1%}")
+        first = np.dtype(dtypes[0]).name
+        return {
+            "nranks": size, "alpha": alpha, "beta": beta,
+            "gamma": gamma_by_dtype[first], "gamma_by_dtype": gamma_by_dtype,
+            "residual": residual, "exchange": exchange, "kernel": kernel,
+            "machine": _machine(), "created": datetime.datetime.now(
+                datetime.timezone.utc).isoformat(timespec="seconds"),
+        }
+    finally:
+        comm.Free()
+
+
+def _machine():
+    from mpi4py import MPI
+    import mpi4py
+    return {"host": platform.node(), "platform": platform.platform(),
+            "cpus": os.cpu_count(), "python": platform.python_version(),
+            "mpi4py": mpi4py.__version__,
+            "mpi": MPI.Get_library_version().strip().splitlines()[0]}
+
+
+def merge_calibration(existing, entry):
+    """Add the calibration ``entry`` (from :func:`calibrate`) to a calibration file's data.
+
+    Entries for other N are kept; the top-level α, β, γ become those of the
+    smallest calibrated N (the least oversubscribed, the library's default
+    when N is unknown).
+    """
+    by_n = dict((existing or {}).get("by_nranks") or {})
+    by_n[str(entry["nranks"])] = entry
+    low = by_n[str(min(int(n) for n in by_n))]
+    return {"version": 1, "by_nranks": by_n,
+            "alpha": low["alpha"], "beta": low["beta"], "gamma": low["gamma"],
+            "gamma_by_dtype": dict(low.get("gamma_by_dtype") or {})}
+
+
+# --- command line ---------------------------------------------------------------
+
+def _number_arg(text):
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def _count_arg(text):
+    v = _number_arg(text)
+    if v < 0 or v != int(v):
+        raise argparse.ArgumentTypeError(f"not a non-negative integer: {text!r}")
+    return int(v)
+
+
+def _list_arg(text):
+    try:
+        values = [int(float(x)) for x in text.split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"N values must be >= 1: {text!r}")
+    return values
+
+
+def _ms(t):
+    return f"{t * 1e3:.6g}"
+
+
+def _table(rows, header):
+    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
+    lines = ["  ".join(str(h).rjust(w) for h, w in zip(header, widths))]
+    lines += ["  ".join(str(c).rjust(w) for c, w in zip(r, widths)) for r in rows]
+    return "\n".join(lines)
+
+
+def lecture_cases():
+    """The lecture's worked examples: ``[(title, M, w, alpha, Ns, quoted)]``.
+
+    ``quoted`` maps (algorithm, N) to the time in seconds the lecture states.
+    """
+    return [
+        ("table 7: M = 1.5e9, w = 5e-11 s/element (the lecture's 'fp16 at 10 GB/s'), "
+         "alpha = 5 us", 1.5e9, 5e-11, 5e-6, [2 ** k for k in range(1, 11)],
+         {("ring", 8): 0.131, ("ring", 1024): 0.160, ("ps", 1024): 76.8}),
+        ("table 8: M = 1e6, w = 5e-11 s/element, alpha = 5 us",
+         1e6, 5e-11, 5e-6, [2 ** k for k in range(1, 11)],
+         {("butterfly", 1024): 0.55e-3, ("ring", 1024): 10.33e-3}),
+        ("exercise 1: M = 4e6 fp32 at 12.5 GB/s (w = 3.2e-10 s/element), alpha = 5 us",
+         4e6, 4 / 12.5e9, 5e-6, [512],
+         {("ring", 512): 7.7e-3, ("butterfly", 512): 11.6e-3, ("tree", 512): 23.1e-3}),
+    ]
+
+
+def _print_table(out, ns, count, alpha, w_or_beta, gamma, itemsize, formula):
+    names = [n for n in _registry.names()]
+    lecture_names = [n for n in names if n in LECTURE]
+    if formula in ("lecture", "both"):
+        print("lecture formulas (ms):", file=out)
+        rows = []
+        for n in ns:
+            t = {a: lecture_predict(a, n, count, alpha=alpha, w=w_or_beta * itemsize)
+                 for a in lecture_names}
+            rows.append([n] + [_ms(t[a]) for a in lecture_names] + [min(t, key=t.get)])
+        print(_table(rows, ["N"] + lecture_names + ["fastest"]), file=out)
+    if formula in ("implementation", "both"):
+        print(f"implementation model (ms), gamma = {gamma:g} s/B:", file=out)
+        rows = []
+        for n in ns:
+            t = predict_all(n, int(count), alpha=alpha, beta=w_or_beta, gamma=gamma,
+                            itemsize=itemsize)
+            rows.append([n] + [_ms(t[a]) for a in names] + [min(t, key=t.get)])
+        print(_table(rows, ["N"] + names + ["fastest"]), file=out)
+
+
+def _lecture_report(out):
+    for title, M, w, alpha, ns, quoted in lecture_cases():
+        print(f"\n{title}", file=out)
+        _print_table(out, ns, M, alpha, w, 0.0, 1, "both")
+        for (name, n), t in quoted.items():
+            got = lecture_predict(name, n, M, alpha=alpha, w=w)
+            print(f"  lecture quotes {name} at N = {n}: {_ms(t)} ms; formula gives "
+                  f"{_ms(got)} ms", file=out)
+
+
+def _main_calibrate(args):
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    if comm.Get_size() < 2:
+        print("calibration needs several ranks: scripts/run_mpi.sh N -m pycollective.model "
+              "--calibrate", file=sys.stderr)
+        return 2
+    say = (lambda line: print(line, flush=True)) if not args.quiet else None
+    if rank == 0 and say:
+        say(f"calibrating on {comm.Get_size()} ranks ({MPI.Get_library_version().splitlines()[0]})")
+    entry = calibrate(comm, min_bytes=args.min_bytes, max_bytes=args.max_bytes,
+                      factor=args.factor, reps=args.reps, log=say)
+    status = 0
+    if rank == 0:
+        path = args.output or default_path()
+        existing = None
+        if os.path.exists(path) and not args.fresh:
+            try:
+                existing = load_params(path)
+            except ValueError as exc:
+                warnings.warn(f"replacing unreadable calibration: {exc}")
+        save_params(merge_calibration(existing, entry), path)
+        print(f"saved N = {entry['nranks']} to {path}"
+              + ("" if path == default_path() else
+                 f" (use it with PYCOLLECTIVE_MODEL={path})"), flush=True)
+    return comm.bcast(status, root=0)
+
+
+def main(argv=None):
+    """Command line: predicted-time tables, the lecture's examples, calibration."""
+    p = argparse.ArgumentParser(
+        prog="python -m pycollective.model",
+        description="Predicted allreduce times from the alpha-beta-gamma model, the "
+                    "lecture's examples, and calibration on this machine.",
+        epilog="Examples:\n"
+               "  python -m pycollective.model --lecture\n"
+               "  python -m pycollective.model --M 1.5e9 --w 5e-11 --alpha 5e-6\n"
+               "  python -m pycollective.model --M 4e6 --bytes-per-element 4 "
+               "--bandwidth 12.5e9 --alpha 5e-6 --N 512\n"
+               "  python -m pycollective.model --M 1e6 --dtype float32   "
+               "(this machine's calibration)\n"
+               "  scripts/run_mpi.sh 4 -m pycollective.model --calibrate",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--N", type=_list_arg, default=None,
+                   help="comma-separated communicator sizes (default 2,4,...,1024; "
+                        "with a calibration: the calibrated sizes)")
+    p.add_argument("--M", type=_count_arg, default=None, help="elements per rank, e.g. 1.5e9")
+    p.add_argument("--w", type=_number_arg, help="seconds to transfer one element")
+    p.add_argument("--bytes-per-element", type=_count_arg,
+                   help="bytes per element (with --bandwidth: w = bytes / bandwidth)")
+    p.add_argument("--bandwidth", type=_number_arg, help="link bandwidth in bytes/s")
+    p.add_argument("--alpha", type=_number_arg, help="seconds per message")
+    p.add_argument("--gamma", type=_number_arg, default=0.0,
+                   help="seconds per byte reduced (default 0, as in the lecture)")
+    p.add_argument("--formula", choices=("lecture", "implementation", "both"), default="both",
+                   help="which model to tabulate with explicit parameters (default both)")
+    p.add_argument("--dtype", default="float32", help="dtype for the calibrated table")
+    p.add_argument("--params", help="calibration file (default: $PYCOLLECTIVE_MODEL or "
+                                    "~/.cache/pycollective/model.json)")
+    p.add_argument("--lecture", action="store_true",
+                   help="print the lecture's tables 7 and 8 and exercise 1")
+    p.add_argument("--show", action="store_true", help="print the calibration in use")
+    g = p.add_argument_group("calibration (run under MPI)")
+    g.add_argument("--calibrate", action="store_true",
+                   help="measure alpha, beta, gamma on these ranks and save them")
+    g.add_argument("--output", help="file to save to (default: the default path)")
+    g.add_argument("--fresh", action="store_true", help="drop calibrations of other N in the file")
+    g.add_argument("--min-bytes", type=_count_arg, default=4)
+    g.add_argument("--max-bytes", type=_count_arg, default=1 << 25)
+    g.add_argument("--factor", type=_count_arg, default=4)
+    g.add_argument("--reps", type=_count_arg, default=5)
+    g.add_argument("--quiet", action="store_true")
+    args = p.parse_args(argv)
+    out = sys.stdout
+
+    if args.calibrate:
+        return _main_calibrate(args)
+    if args.lecture:
+        _lecture_report(out)
+        return 0
+    if args.show:
+        print(json.dumps(load_params(args.params), indent=1, sort_keys=True), file=out)
+        return 0
+
+    explicit = args.w is not None or args.bandwidth is not None or args.alpha is not None
+    if explicit:
+        if args.alpha is None:
+            p.error("--alpha is needed with explicit parameters")
+        if args.w is not None:
+            if args.bandwidth is not None or args.bytes_per_element is not None:
+                p.error("give either --w or --bytes-per-element with --bandwidth, not both")
+            beta, itemsize = args.w, 1  # seconds per element, elements as the unit
+        elif args.bandwidth and args.bytes_per_element:
+            beta, itemsize = 1.0 / args.bandwidth, args.bytes_per_element
+        else:
+            p.error("give --w, or --bytes-per-element and --bandwidth")
+        M = 1.5e9 if args.M is None else args.M
+        ns = args.N or [2 ** k for k in range(1, 11)]
+        print(f"M = {M:g} elements, w = {beta * itemsize:g} s/element, alpha = {args.alpha:g} s",
+              file=out)
+        _print_table(out, ns, M, args.alpha, beta, args.gamma, itemsize, args.formula)
+        return 0
+
+    params = load_params(args.params)
+    dtype = np.dtype(args.dtype)
+    M = 10 ** 6 if args.M is None else args.M
+    ns = args.N or sorted(int(n) for n in params.get("by_nranks") or {}) or [2, 4, 8]
+    print(f"calibration: {params['source']}; M = {M} {dtype.name} elements", file=out)
+    names = _registry.names()
+    rows = []
+    for n in ns:
+        flat = params_for(params, n)
+        t = predict_all(n, M, alpha=flat["alpha"], beta=flat["beta"],
+                        gamma=_gamma(flat, dtype), itemsize=dtype.itemsize)
+        rows.append([n, f"{flat['alpha'] * 1e6:.3g}", f"{flat['beta'] * 1e9:.3g}",
+                     f"{_gamma(flat, dtype) * 1e9:.3g}"]
+                    + [_ms(t[a]) for a in names] + [choose(n, M, dtype, "sum", params)])
+    print(_table(rows, ["N", "alpha_us", "beta_ns/B", "gamma_ns/B"]
+                 + [f"{a}_ms" for a in names] + ["auto"]), file=out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
