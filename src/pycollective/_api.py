@@ -23,6 +23,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _registry, algorithms  # noqa: F401  (registers the algorithms)
+from . import model as _model
 from ._context import get_context
 from ._kernels import OPS, get_kernel, resolve_op
 from ._partition import chunk_bounds, partition
@@ -157,7 +158,7 @@ def _prepare(what, comm, local):
 
 # --- collectives --------------------------------------------------------------
 
-def allreduce(sendbuf, recvbuf, op=MPI.SUM, *, comm=None, algorithm="ring"):
+def allreduce(sendbuf, recvbuf, op=MPI.SUM, *, comm=None, algorithm="auto"):
     """Reduce ``sendbuf`` element-wise over all ranks into ``recvbuf`` on every rank.
 
     Args:
@@ -168,7 +169,10 @@ def allreduce(sendbuf, recvbuf, op=MPI.SUM, *, comm=None, algorithm="ring"):
         op: ``MPI.SUM``, ``MPI.PROD``, ``MPI.MAX``, ``MPI.MIN`` or their
             names "sum", "prod", "max", "min".
         comm: an mpi4py intracommunicator; ``None`` means ``MPI.COMM_WORLD``.
-        algorithm: one of :func:`algorithms`.
+        algorithm: one of :func:`algorithms`, or "auto" (the default): the
+            one :func:`pycollective.model.choose` predicts fastest for this
+            (N, M, dtype, op), from rank 0's calibration, so every rank runs
+            the same algorithm.
 
     Returns:
         ``recvbuf``, holding bitwise the same result on every rank.
@@ -181,13 +185,19 @@ def allreduce(sendbuf, recvbuf, op=MPI.SUM, *, comm=None, algorithm="ring"):
             (with agreement on) arguments that differ across ranks.
     """
     def local():
-        algo = _registry.get(algorithm)
+        # First, whatever the algorithm: on a communicator's first call this
+        # broadcasts rank 0's cost model, a collective that every rank must
+        # reach before any local check can fail.  Later calls: a dict lookup.
+        auto = _model._auto_for(_resolve_comm(comm))
+        algo = None if algorithm == "auto" else _registry.get(algorithm)
         opname = resolve_op(op)
         src, dst = _buffers(sendbuf, recvbuf)
         if src.size != dst.size:
             raise ValueError(f"recvbuf has {dst.size} elements but sendbuf has {src.size}")
         src = _same_or_disjoint(src, dst)
         kernel = get_kernel(opname, dst.dtype)
+        if algo is None:
+            algo = _registry.get(auto.choose(dst.size, dst.dtype, opname))
         facts = (("count", dst.size), ("dtype", _dtype_code(dst.dtype)),
                  ("op", OPS.index(opname)), ("algorithm", _registry.index(algo.name)))
         return dict(algo=algo, src=src, dst=dst, kernel=kernel, facts=facts)

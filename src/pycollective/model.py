@@ -526,6 +526,8 @@ def calibrate(comm=None, *, min_bytes=4, max_bytes=1 << 25, factor=4, reps=5,
         raise ValueError("calibration needs at least 2 ranks (run it under mpiexec -n N)")
     if not 1 <= min_bytes < max_bytes or factor < 2:
         raise ValueError("need 1 <= min_bytes < max_bytes and factor >= 2")
+    if len([n for n in _sizes(min_bytes, max_bytes, factor) if n >= 16]) < 2:
+        raise ValueError("the size range must hold at least two sizes of 16 bytes or more")
     say = log if (log is not None and rank == 0) else (lambda line: None)
     comm = comm.Dup()  # our messages never meet the caller's
     try:
@@ -544,7 +546,7 @@ def calibrate(comm=None, *, min_bytes=4, max_bytes=1 << 25, factor=4, reps=5,
         say(f"  alpha = {alpha * 1e6:.3f} us, beta = {beta * 1e9:.4f} ns/B "
             f"({1e-9 / beta if beta else math.inf:.2f} GB/s), rms rel. residual {residual:.1%}")
 
-        kernel_sizes = _sizes(max(4096, min_bytes), max_bytes, factor)
+        kernel_sizes = [n for n in sizes if n >= 16]  # at least 2 elements of any dtype
         gamma_by_dtype, kernel = {}, {}
         for dt in map(np.dtype, dtypes):
             k = get_kernel("sum", dt)

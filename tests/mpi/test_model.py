@@ -1,0 +1,111 @@
+"""Calibration and algorithm="auto" on several ranks (fast: tiny size ranges).
+
+Every rank issues the same collectives in the same order; checks that can
+fail on one rank only are made after the last collective of a test.
+"""
+
+import os
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import pycollective
+from pycollective import model
+from _data import exact_reduce, exact_values
+
+QUICK = dict(min_bytes=4, max_bytes=4096, factor=8, reps=2)
+
+
+def _same_everywhere(comm, value):
+    return all(v == value for v in comm.allgather(value))
+
+
+def _shared_tmp(comm, tmp_path_factory, name):
+    """A path chosen on rank 0 and used by all ranks (same file system here)."""
+    path = str(tmp_path_factory.mktemp("model") / name) if comm.Get_rank() == 0 else None
+    return comm.bcast(path, root=0)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_calibrate_gives_the_same_parameters_on_every_rank():
+    comm = MPI.COMM_WORLD
+    entry = model.calibrate(comm, dtypes=("float32", "float16"), **QUICK)
+    assert entry["nranks"] == comm.Get_size()
+    for key in ("alpha", "beta", "gamma", "residual"):
+        assert np.isfinite(entry[key]) and entry[key] >= 0
+        assert _same_everywhere(comm, entry[key]), key
+    assert entry["alpha"] > 0  # a message is never free
+    assert set(entry["gamma_by_dtype"]) == {"float32", "float16"}
+    assert [n for n, _ in entry["exchange"]] == [4, 32, 256, 2048]
+
+
+@pytest.mark.mpi(min_size=2)
+def test_calibrate_command_saves_a_file_the_library_reads(tmp_path_factory):
+    comm = MPI.COMM_WORLD
+    path = _shared_tmp(comm, tmp_path_factory, "model.json")
+    status = model.main(["--calibrate", "--output", path, "--quiet", "--max-bytes", "4096",
+                         "--factor", "8", "--reps", "2"])
+    comm.Barrier()  # rank 0 has written the file
+    params = model.load_params(path)
+    mine = model.load_params(path, nranks=comm.Get_size())
+    assert status == 0
+    assert str(comm.Get_size()) in params["by_nranks"]
+    assert mine["alpha"] == params["by_nranks"][str(comm.Get_size())]["alpha"]
+    assert model.choose(comm.Get_size(), 1000, "float32", "sum", params) in pycollective.algorithms()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("dtype", ["int64", "float32", "float16"])
+def test_auto_is_correct_and_the_same_on_every_rank(layouts, dtype):
+    failures = []
+    for label, comm in layouts:
+        n, r = comm.Get_size(), comm.Get_rank()
+        for count in (0, 1, n - 1, n + 1, 1000, 100_003):
+            everyone = [exact_values(q, count, dtype, "sum") for q in range(n)]
+            expected = exact_reduce(everyone, "sum", dtype)
+            out = np.empty_like(everyone[r])
+            pycollective.allreduce(everyone[r], out, comm=comm)  # the default is "auto"
+            chosen = model._auto_for(comm).choose(count, np.dtype(dtype), "sum")
+            names = comm.allgather(chosen)
+            if len(set(names)) != 1:
+                failures.append(f"{label} count={count}: ranks chose {names}")
+            if not np.array_equal(out.view(np.uint8), expected.view(np.uint8)):
+                failures.append(f"{label} count={count}: wrong result with {chosen}")
+    assert not failures, failures[:5]
+
+
+@pytest.mark.mpi(min_size=2)
+def test_auto_uses_rank_0_parameters_even_when_ranks_read_different_files(tmp_path_factory):
+    """Rank 0's calibration says messages are expensive; the others' that bytes are."""
+    world = MPI.COMM_WORLD
+    rank = world.Get_rank()
+    base = _shared_tmp(world, tmp_path_factory, "")
+    path = os.path.join(base, f"rank{rank}.json")
+    latency_bound = dict(alpha=1.0, beta=1e-12, gamma=0.0)   # fewest messages wins
+    bandwidth_bound = dict(alpha=0.0, beta=1.0, gamma=1.0)   # fewest bytes wins
+    model.save_params(latency_bound if rank == 0 else bandwidth_bound, path)
+    old = os.environ.get("PYCOLLECTIVE_MODEL")
+    os.environ["PYCOLLECTIVE_MODEL"] = path
+    comm = world.Dup()  # a fresh communicator: its first call broadcasts rank 0's model
+    try:
+        count = 10_000
+        x = exact_values(rank, count, "int64", "sum")
+        out = np.empty_like(x)
+        pycollective.allreduce(x, out, comm=comm, algorithm="auto")
+        state = model._auto_for(comm)
+        chosen = state.choose(count, np.dtype("int64"), "sum")
+        choices = comm.allgather(chosen)
+        sources = comm.allgather(state.params["source"])
+        expected = exact_reduce([exact_values(q, count, "int64", "sum")
+                                 for q in range(comm.Get_size())], "sum", "int64")
+    finally:
+        comm.Free()
+        if old is None:
+            del os.environ["PYCOLLECTIVE_MODEL"]
+        else:
+            os.environ["PYCOLLECTIVE_MODEL"] = old
+    assert len(set(choices)) == 1, choices
+    assert set(sources) == {os.path.join(base, "rank0.json")}
+    assert chosen == model.choose(world.Get_size(), count, "int64", "sum", latency_bound)
+    assert np.array_equal(out, expected)
