@@ -1,0 +1,178 @@
+"""Hierarchical allreduce: shared memory inside each node, a ring between one leader per node.
+
+Nodes.  By default a node is what ``Split_type(COMM_TYPE_SHARED)`` groups:
+the ranks that share memory.  ``PYCOLLECTIVE_RANKS_PER_NODE`` overrides it so
+tests and benchmarks can act out several nodes on one machine: an integer k
+makes nodes of k consecutive ranks (the last one may be smaller), a
+comma-separated list such as ``2,4`` gives the sizes of consecutive nodes
+(unequal sizes allowed; they must add up to the communicator's size).  The
+layout is read when a communicator first runs "hierarchical" and is fixed for
+that communicator from then on; all ranks must see the same value (checked
+then, once), and every emulated node must lie inside one real shared-memory
+node.  Local rank 0 of each node is its leader.
+
+Steps, with the node's n ranks and M elements split by
+:func:`~pycollective.partition` into n slices (see ``shm.py`` for the window,
+the sync and the two alternating regions):
+
+1. Copy-in: local rank i copies its input except slice i into its slot; sync.
+2. Node reduce-scatter: rank i reduces slice i of the node's n inputs
+   (operands in local rank order) into its own slot; sync.
+3. Leaders: the leader copies slice q from slot q into its own slot for every
+   q != 0, so slot 0 holds the node's sum, then runs an allreduce in place on
+   slot 0 among the leaders (the pipelined ring above 64 KiB, the butterfly
+   below, both point to point on the leaders' own communicator); sync.
+4. Node broadcast: every rank copies slot 0 into ``dst`` (and, for messages
+   above 1 MiB, a last sync before the slots can be reused).
+
+A node of one rank skips the shared memory: its rank joins the leaders'
+allreduce with its own buffers.  Only leaders send messages between nodes,
+one vector-sized ring per call, which is why this is the algorithm to pick on
+several hosts.  Each element is computed once in its node and once among the
+leaders and then copied, so all ranks hold bitwise-identical results.
+
+Cost with q ranks per node (taken from ``PYCOLLECTIVE_RANKS_PER_NODE`` when it
+is one integer, else all N ranks on one node), K = ceil(N/q) nodes,
+f = (q-1)/q, S = M·s bytes:
+3·⌈log2 q⌉·α + (2f·S + S)·β + f·S·γ + ring(K, M) among the leaders.
+"""
+
+import math
+import os
+
+import numpy as np
+from mpi4py import MPI
+
+from .._context import Context
+from .._partition import chunk_bounds
+from .._registry import get, register
+from .ring_pipelined import ring_pipelined_cost
+from .shm import SharedSlots, copy_in, reduce_own_slice
+
+ENV = "PYCOLLECTIVE_RANKS_PER_NODE"
+_INTER_RING_BYTES = 64 << 10
+
+
+def _parse_layout(text, size):
+    """Node sizes for ``size`` ranks from the override ``text``; raises ValueError."""
+    try:
+        parts = [int(p) for p in text.replace(" ", "").split(",") if p]
+    except ValueError:
+        raise ValueError(f"{ENV}={text!r}: expected an integer or a comma-separated "
+                         "list of node sizes") from None
+    if not parts or any(p <= 0 for p in parts):
+        raise ValueError(f"{ENV}={text!r}: node sizes must be positive")
+    if len(parts) == 1:
+        k = parts[0]
+        return [min(k, size - b) for b in range(0, size, k)]
+    if sum(parts) != size:
+        raise ValueError(f"{ENV}={text!r}: node sizes add up to {sum(parts)}, "
+                         f"but the communicator has {size} ranks")
+    return parts
+
+
+class _HierState:
+    """Per communicator: node and leader communicators, node window, leader context."""
+
+    def __init__(self, ctx):
+        comm, rank = ctx.comm, ctx.rank
+        text = os.environ.get(ENV, "").strip()
+        # The layout must be the same everywhere: compare once, before any
+        # rank acts on it, and fail identically if not.
+        texts = comm.allgather(text)
+        if len(set(texts)) != 1:
+            raise ValueError(f"{ENV} differs across ranks: {sorted(set(texts))}")
+        self.node = self.inter = None
+        if text:
+            sizes = _parse_layout(text, ctx.size)
+            starts = np.cumsum([0] + sizes)
+            color = int(np.searchsorted(starts, rank, side="right")) - 1
+            node = comm.Split(color, rank)
+        else:
+            node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+        shared = node.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+        inside = shared.Get_size() == node.Get_size()
+        shared.Free()
+        if not comm.allreduce(inside, op=MPI.LAND):
+            node.Free()
+            raise ValueError(f"{ENV}={text!r} puts ranks that do not share memory "
+                             "in one node")
+        self.leader = node.Get_rank() == 0
+        leaders = comm.Split(0 if self.leader else MPI.UNDEFINED, rank)
+        self.node = SharedSlots(node)
+        self.inter = Context(leaders) if self.leader else None
+        self.nodes = self.inter.size if self.inter is not None else None
+
+    def free(self):
+        if self.node is not None:
+            self.node.free()
+            self.node = None
+        if self.inter is not None:
+            self.inter.free()
+            self.inter = None
+
+
+def _state(ctx):
+    state = ctx.cache.get("hierarchical")
+    if state is None:
+        state = ctx.cache["hierarchical"] = _HierState(ctx)
+    return state
+
+
+def _inter_allreduce(inter, src, dst, kernel):
+    if inter.size == 1:
+        if src is not dst:
+            dst[...] = src
+        return
+    name = "ring_pipelined" if dst.nbytes >= _INTER_RING_BYTES else "butterfly"
+    get(name).run(inter, src, dst, kernel)
+
+
+def hierarchical_allreduce(ctx, src, dst, kernel):
+    state = _state(ctx)
+    node = state.node
+    if node.size == 1:
+        _inter_allreduce(state.inter, src, dst, kernel)
+        return
+    offset, trailing = node.begin(dst.nbytes)
+    slots = node.slots(offset, dst.nbytes, dst.dtype)
+    i = node.rank
+    bounds = chunk_bounds(dst.size, node.size)
+    copy_in(src, slots[i], i, bounds)
+    node.sync()
+    reduce_own_slice(kernel, src, slots, i, bounds)
+    node.sync()
+    if state.leader:
+        total = slots[0]
+        for q in range(1, node.size):
+            lo, hi = bounds[q], bounds[q + 1]
+            if hi > lo:
+                total[lo:hi] = slots[q][lo:hi]
+        _inter_allreduce(state.inter, total, total, kernel)
+    node.sync()
+    dst[...] = slots[0]
+    if trailing:
+        node.sync()
+
+
+def hierarchical_cost(nranks, count, itemsize, alpha, beta, gamma):
+    """α-β-γ time of :func:`hierarchical_allreduce` (see the essay above)."""
+    text = os.environ.get(ENV, "").strip()
+    q = nranks
+    if text.isdigit() and int(text) > 0:
+        q = min(int(text), nranks)
+    nodes = -(-nranks // q)
+    nbytes = count * itemsize
+    t = 0.0
+    if q > 1:
+        f = (q - 1) / q
+        t += 3 * math.ceil(math.log2(q)) * alpha + (2 * f + 1) * nbytes * beta + f * nbytes * gamma
+    if nodes > 1:
+        t += ring_pipelined_cost(nodes, count, itemsize, alpha, beta, gamma)
+    return t
+
+
+register("hierarchical", hierarchical_allreduce,
+         "shared-memory reduce inside each node, ring among one leader per node, "
+         "shared-memory broadcast",
+         cost=hierarchical_cost)

@@ -1,0 +1,277 @@
+"""Shared-memory allreduce: every rank reduces its slice straight from the others' memory.
+
+All ranks of the communicator must share memory (one node).  Each rank owns a
+slot of a shared window (``MPI.Win.Allocate_shared`` on
+``Split_type(COMM_TYPE_SHARED)``) big enough for the whole vector; slot q is
+a plain numpy view on every rank, so data move by loads and stores, never by
+point-to-point messages.  With M elements split by :func:`~pycollective.partition`
+into N slices, rank i owning slice i:
+
+1. Copy-in: rank i copies its input *except its own slice* into its slot.  Its
+   own slice is only ever read by itself, from its private ``src``, so that
+   part of the copy is skipped.
+2. Sync (``Win.Sync``, ``Barrier``, ``Win.Sync``: the MPI-3 shared-memory
+   pattern under a ``Lock_all`` epoch held for the window's life).
+3. Reduce: rank i combines slice i of all N inputs, operands in rank order
+   0..N-1 (its own taken from ``src``), into slot_i[slice i], block by block
+   (``_BLOCK_BYTES``) so the partial result stays in cache across the N-1
+   kernel passes, and copies each block into ``dst`` while it is still in cache.
+4. Sync.
+5. Copy-out: rank i copies slice q from slot_q into ``dst`` for every q != i.
+6. For messages above ``_DOUBLE_LIMIT`` bytes, a last sync, so that the next
+   call's copy-in cannot overwrite a slot another rank is still copying out.
+   Smaller messages skip it: the window holds two regions used alternately,
+   and a rank can only reach the copy-in of call k+2 (same region as call k)
+   after every rank has entered call k+1's first sync, i.e. finished call k.
+
+Small messages (up to ``_REPLICATE_BYTES``) take a shorter path: every rank
+copies its whole input into its slot, one sync, and every rank reduces the
+whole vector itself, operands in rank order 0..N-1.  Every rank does the
+same operations on the same bits, so results are bitwise identical; there is
+no second sync, and the two regions make the first one enough.
+
+Each element of the result is computed once (in the sliced path) or
+identically everywhere (small path), so all ranks hold the same bits.
+
+Windows are cached in the context (``ctx.cache["shm"]``) and only grow:
+allocation is collective, and the decision to grow depends only on the
+message size in bytes, which the agreement step checks is the same on all
+ranks.  A grown window is kept for later calls (a training loop reduces the
+same sizes every step); it is freed with the communicator.
+
+If the communicator spans several nodes, "shm" raises the same
+``ValueError`` on every rank (every rank finds its node smaller than the
+communicator, without exchanging a message); use "hierarchical" there.  The
+ranks-per-node emulation of "hierarchical" does not apply to "shm".
+
+Cost (s bytes per element, f = (N-1)/N): 2-3 syncs of ⌈log2 N⌉α each, copy-in
+and copy-out of f·M·s bytes each (charged at β: on one node a transfer *is*
+a memory copy), and the reduction of f·M·s bytes at γ:
+(2 + [M·s > limit])·⌈log2 N⌉·α + 2·f·M·s·β + f·M·s·γ.
+"""
+
+import math
+
+import numpy as np
+from mpi4py import MPI
+
+from .._partition import chunk_bounds
+from .._registry import register
+
+_BLOCK_BYTES = 128 << 10      # reduction block: N inputs + output stay in a 2 MB L2
+_REPLICATE_BYTES = 4 << 10    # up to this, every rank reduces the whole vector
+_DOUBLE_LIMIT = 1 << 20       # up to this, alternate two regions (no trailing sync)
+_ALIGN = 4096
+
+
+def _round_capacity(nbytes):
+    """Window bytes per rank for a need of ``nbytes`` (grows geometrically up to 64 MB)."""
+    nbytes = max(nbytes, _ALIGN)
+    if nbytes <= 64 << 20:
+        return 1 << (nbytes - 1).bit_length()
+    step = 16 << 20
+    return -(-nbytes // step) * step
+
+
+class SharedSlots:
+    """A shared window with one slot per rank of a node-local communicator.
+
+    ``comm`` must be a communicator whose ranks share memory; this object
+    owns it and frees it in :meth:`free`.  All methods are collective over
+    ``comm`` when they allocate or sync.
+    """
+
+    def __init__(self, comm):
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self.win = None
+        self.capacity = 0
+        self.raw = []          # uint8 view of every rank's whole slot
+        self.views = {}        # (offset, nbytes, dtype) -> tuple of typed slot views
+        self.parity = 0
+        self.dirty = False     # True while a rank may still read the last region
+
+    def ensure(self, nbytes):
+        """Make every slot hold at least ``nbytes`` (collective when it grows)."""
+        if nbytes <= self.capacity:
+            return
+        capacity = _round_capacity(nbytes)
+        self._release()
+        win = MPI.Win.Allocate_shared(capacity, 1, comm=self.comm)
+        win.Lock_all(MPI.MODE_NOCHECK)  # one passive epoch for the window's life
+        raw = []
+        for q in range(self.size):
+            buf, _ = win.Shared_query(q)
+            raw.append(np.frombuffer(buf, np.uint8, capacity))
+        self.win, self.capacity, self.raw = win, capacity, raw
+
+    def slots(self, offset, nbytes, dtype):
+        """Typed views of ``nbytes`` at ``offset`` in every rank's slot (cached)."""
+        key = (offset, nbytes, dtype)
+        views = self.views.get(key)
+        if views is None:
+            if len(self.views) > 256:
+                self.views.clear()
+            views = self.views[key] = tuple(
+                raw[offset:offset + nbytes].view(dtype) for raw in self.raw)
+        return views
+
+    def sync(self):
+        """Make every rank's stores to the window visible to all, then continue together."""
+        self.win.Sync()
+        self.comm.Barrier()
+        self.win.Sync()
+
+    def begin(self, nbytes):
+        """Prepare a call on ``nbytes`` per slot; return (byte offset, needs trailing sync).
+
+        Messages up to ``_DOUBLE_LIMIT`` alternate between two halves of the
+        slot and leave without a trailing sync ("dirty": a slow rank may still
+        read the last region).  A larger message uses the whole slot from
+        offset 0, which overlaps both halves, so a dirty window is synced
+        first.  Collective; every decision depends only on ``nbytes``.
+        """
+        if nbytes <= _DOUBLE_LIMIT:
+            self.ensure(2 * nbytes)
+            offset = self.parity * (self.capacity // 2)
+            self.parity ^= 1
+            self.dirty = True
+            return offset, False
+        self.ensure(nbytes)
+        if self.dirty:
+            self.sync()
+            self.dirty = False
+        return 0, True
+
+    def _release(self):
+        if self.win is not None:
+            # Another rank may still be reading our slot (small path, no
+            # trailing sync): wait for everyone before the memory goes.
+            self.comm.Barrier()
+            self.win.Unlock_all()
+            self.win.Free()
+            self.win, self.capacity, self.raw = None, 0, []
+            self.views.clear()
+            self.parity = 0
+            self.dirty = False
+
+    def free(self):
+        self._release()
+        if self.comm != MPI.COMM_NULL:
+            self.comm.Free()
+            self.comm = MPI.COMM_NULL
+
+
+def _operands(src, slots, rank, lo, hi):
+    return [src[lo:hi] if q == rank else slot[lo:hi] for q, slot in enumerate(slots)]
+
+
+def reduce_block(kernel, operands, out):
+    """``out = operands[0] op operands[1] op ...`` in that order."""
+    kernel(operands[0], operands[1], out)
+    for x in operands[2:]:
+        kernel(out, x, out)
+
+
+def copy_in(src, mine, rank, bounds):
+    """Copy ``src`` into the own slot ``mine``, except this rank's slice."""
+    lo, hi = bounds[rank], bounds[rank + 1]
+    if lo:
+        mine[:lo] = src[:lo]
+    if hi < src.size:
+        mine[hi:] = src[hi:]
+
+
+def reduce_own_slice(kernel, src, slots, rank, bounds, dst=None):
+    """Reduce slice ``rank`` of all inputs into the own slot (and ``dst`` if given)."""
+    lo, hi = bounds[rank], bounds[rank + 1]
+    if hi == lo:
+        return
+    mine = slots[rank]
+    block = max(1, _BLOCK_BYTES // src.itemsize)
+    for b in range(lo, hi, block):
+        e = min(b + block, hi)
+        out = mine[b:e]
+        reduce_block(kernel, _operands(src, slots, rank, b, e), out)
+        if dst is not None:
+            dst[b:e] = out  # still in cache
+
+
+def copy_out(dst, slots, rank, bounds, skip_own=True):
+    for q, slot in enumerate(slots):
+        if q == rank and skip_own:
+            continue
+        lo, hi = bounds[q], bounds[q + 1]
+        if hi > lo:
+            dst[lo:hi] = slot[lo:hi]
+
+
+def shm_allreduce_on(node, src, dst, kernel):
+    """The algorithm above on the :class:`SharedSlots` ``node`` (all ranks of the collective)."""
+    nbytes = dst.nbytes
+    offset, trailing = node.begin(nbytes)
+    slots = node.slots(offset, nbytes, dst.dtype)
+    rank = node.rank
+    if nbytes <= _REPLICATE_BYTES:
+        slots[rank][...] = src
+        node.sync()
+        reduce_block(kernel, slots, dst)
+        return
+    bounds = chunk_bounds(dst.size, node.size)
+    copy_in(src, slots[rank], rank, bounds)
+    node.sync()
+    reduce_own_slice(kernel, src, slots, rank, bounds, dst)
+    node.sync()
+    copy_out(dst, slots, rank, bounds)
+    if trailing:
+        node.sync()
+
+
+class _ShmState:
+    """Cached per communicator: the node window, or why there can be none."""
+
+    def __init__(self, ctx):
+        shared = ctx.comm.Split_type(MPI.COMM_TYPE_SHARED, key=ctx.rank)
+        if shared.Get_size() != ctx.size:
+            # Every rank sees its node smaller than the communicator, so every
+            # rank takes this branch: the error is the same everywhere.
+            shared.Free()
+            self.node = None
+            self.error = (
+                f"algorithm 'shm' needs all {ctx.size} ranks of the communicator on "
+                "one shared-memory node, but the communicator spans several nodes; "
+                "use algorithm='hierarchical'")
+        else:
+            self.node = SharedSlots(shared)
+            self.error = None
+
+    def free(self):
+        if self.node is not None:
+            self.node.free()
+            self.node = None
+
+
+def shm_allreduce(ctx, src, dst, kernel):
+    state = ctx.cache.get("shm")
+    if state is None:
+        state = ctx.cache["shm"] = _ShmState(ctx)
+    if state.error is not None:
+        raise ValueError(state.error)
+    shm_allreduce_on(state.node, src, dst, kernel)
+
+
+def shm_cost(nranks, count, itemsize, alpha, beta, gamma):
+    """α-β-γ time of :func:`shm_allreduce` (see the essay above)."""
+    nbytes = count * itemsize
+    sync = math.ceil(math.log2(nranks)) * alpha
+    if nbytes <= _REPLICATE_BYTES:
+        return sync + nbytes * beta + (nranks - 1) * nbytes * gamma
+    moved = (nranks - 1) / nranks * nbytes
+    syncs = 2 + (nbytes > _DOUBLE_LIMIT)
+    return syncs * sync + 2 * moved * beta + moved * gamma
+
+
+register("shm", shm_allreduce,
+         "one node: ranks reduce their slice straight from the others' shared-memory slots",
+         cost=shm_cost)
