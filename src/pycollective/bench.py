@@ -69,7 +69,8 @@ def _model():
 
 _EPILOG = """\
 columns (single size, --M):
-  algorithm   the pycollective algorithm timed in this row
+  algorithm   the pycollective algorithm timed in this row (auto->X: the
+              default algorithm="auto", which chose X)
   N           number of ranks (communicator size)
   M           elements per rank (the vector every rank contributes)
   dtype, op   element type and reduction
@@ -105,9 +106,9 @@ sweeps (--minbytes/--maxbytes or --mincount/--maxcount):
   size (B), count, type, redop, then for out-of-place and in-place:
   time (us), algbw, busbw (GB/s), #wrong; then pred(us) and err%.  With the
   model installed, a last table shows the measured fastest algorithm at
-  every size, the model's choice (what algorithm="auto" runs) and the auto
-  score: the fraction of sizes where the choice is the fastest or within
-  10 % of it.
+  every size, the model's choice (what algorithm="auto" runs), and the
+  auto score: the fraction of sizes where the choice is the fastest or
+  within 10 % of it.
 
 exit status: 0 when every element of every run is right, replicas agree and
 inputs are intact; 1 otherwise; 2 for bad arguments (on every rank, before
@@ -170,15 +171,20 @@ def _seconds_arg(text):
 
 def build_parser():
     """The argument parser; its choices come from the algorithm registry and the kernels."""
-    choices = _api.algorithms() + ["all"]
+    # "auto" times allreduce(algorithm="auto") itself (choice included); "all"
+    # is every registered algorithm (not auto: it is one of them).
+    choices = _api.algorithms() + ["auto", "all"]
     dtypes = [d.name for d in SUPPORTED_DTYPES]
     p = _Parser(
         prog="python -m pycollective.bench",
         description="Time and check pycollective allreduce algorithms against native "
                     "MPI comm.Allreduce, at one size (--M) or over a sweep of sizes.",
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("algorithms", nargs="*", metavar="ALGORITHM", choices=choices,
-                   help=f"algorithms to run: {', '.join(choices)} (default: all)")
+    # default "all" as a string: argparse checks a nargs="*" default against choices.
+    p.add_argument("algorithms", nargs="*", metavar="ALGORITHM", choices=choices, default="all",
+                   help=f"algorithms to run: {', '.join(choices)} (default: all = every "
+                        "registered algorithm; auto = what algorithm='auto' picks, timed as "
+                        "the user would call it)")
     p.add_argument("--M", "-M", type=_count_arg, default=None, metavar="COUNT",
                    help="elements per rank, e.g. 1000 or 1e8 (default 1e6 unless sweeping)")
     p.add_argument("--dtype", "-d", default="float32", choices=dtypes, metavar="DTYPE",
@@ -233,7 +239,7 @@ def parse_args(argv, nranks):
     """
     parser = build_parser()
     args = parser.parse_args(argv)
-    names = args.algorithms or ["all"]
+    names = [args.algorithms] if isinstance(args.algorithms, str) else args.algorithms
     expanded = []
     for name in names:
         for n in (_api.algorithms() if name == "all" else [name]):
@@ -362,7 +368,7 @@ def _err_pct(row):
 def _single_table(rows):
     """Phase-1 table: one line per (mode, algorithm), native in its own columns."""
     cols = [
-        ("algorithm", lambda r: r["name"]),
+        ("algorithm", lambda r: f"auto->{r['auto']}" if r["name"] == "auto" else r["name"]),
         ("N", lambda r: str(r["nranks"])),
         ("M", lambda r: str(r["count"])),
         ("dtype", lambda r: r["dtype"]),
@@ -600,8 +606,9 @@ def main(argv=None, comm=None, out=None):
                 for r in got:
                     r["native_time"], r["native_busbw"] = native["time"], native["busbw"]
                     r["ratio"] = (native["time"] / r["time"]) if r["time"] > 0 else float("nan")
-                    r["pred"] = (None if r["name"] == "native" else
-                                 _predict(model, params, r["name"], nranks, count, dtype))
+                    predicted_name = pick if r["name"] == "auto" else r["name"]
+                    r["pred"] = (None if r["name"] == "native" or predicted_name is None else
+                                 _predict(model, params, predicted_name, nranks, count, dtype))
                     r["pred_busbw"] = (None if not r["pred"] else
                                        _harness.busbw(r["bytes"], r["pred"],
                                                       ALLREDUCE.busbw_factor(nranks)))
@@ -611,7 +618,7 @@ def main(argv=None, comm=None, out=None):
     finally:
         _api.set_check(previous_check)
 
-    score = auto_score(rows, args.algorithms)
+    score = auto_score(rows, [n for n in args.algorithms if n != "auto"])
     report = dict(environment=_harness.environment(comm), calibration=params,
                   options={k: v for k, v in vars(args).items()}, auto_score=score)
     if verbose:
