@@ -70,10 +70,10 @@ import warnings
 
 import numpy as np
 
-from . import _registry, algorithms  # noqa: F401  (registers the algorithms)
+from .. import _registry, algorithms  # noqa: F401  (registers the algorithms)
 
 __all__ = [
-    "DEFAULTS", "predict", "predict_all", "lecture_predict", "choose",
+    "DEFAULTS", "predict", "predict_all", "terms", "lecture_predict", "choose",
     "load_params", "save_params", "params_for", "default_path",
     "fit_alpha_beta", "calibrate",
 ]
@@ -155,6 +155,25 @@ def predict(algorithm, nranks, count, *, alpha, beta, gamma=0.0, itemsize=4):
     if count == 0 or nranks == 1:
         return 0.0
     return float(cost(int(nranks), int(count), int(itemsize), alpha, beta, gamma))
+
+
+def terms(algorithm, nranks, count, itemsize=4):
+    """The three coefficients of ``algorithm``'s cost: how many α, β and γ it pays.
+
+    Costs are linear in (α, β, γ), so evaluating them at unit vectors gives
+    (messages on the critical path, bytes sent along it, bytes reduced along
+    it): the model's own description of what an algorithm does.
+
+    Returns:
+        ``(messages, bytes_sent, bytes_reduced)`` as floats.
+
+    Raises:
+        ValueError: as :func:`predict`.
+    """
+    kw = dict(itemsize=itemsize)
+    return (predict(algorithm, nranks, count, alpha=1.0, beta=0.0, **kw),
+            predict(algorithm, nranks, count, alpha=0.0, beta=1.0, **kw),
+            predict(algorithm, nranks, count, alpha=0.0, beta=0.0, gamma=1.0, **kw))
 
 
 def predict_all(nranks, count, *, alpha, beta, gamma=0.0, itemsize=4):
@@ -361,7 +380,7 @@ def choose(nranks, count, dtype, op="sum", params=None):
             has a cost model.
     """
     global _default_params
-    from ._kernels import resolve_op
+    from .._kernels import resolve_op
     resolve_op(op)
     dtype = np.dtype(dtype)
     if params is None:
@@ -402,7 +421,7 @@ def _auto_for(comm):
     the same parameters and therefore makes the same choice.  A failure on
     rank 0 is broadcast too and raised on every rank as ValueError.
     """
-    from ._context import get_context
+    from .._context import get_context
     ctx = get_context(comm)
     state = ctx.cache.get("model.auto")
     if state is None:
@@ -517,8 +536,8 @@ def calibrate(comm=None, *, min_bytes=4, max_bytes=1 << 25, factor=4, reps=5,
         ValueError: on a communicator of one rank, or bad sizes.
     """
     from mpi4py import MPI
-    from ._kernels import get_kernel
-    from .algorithms._p2p import sendrecv
+    from .._kernels import get_kernel
+    from ..algorithms._p2p import sendrecv
 
     comm = MPI.COMM_WORLD if comm is None else comm
     size, rank = comm.Get_size(), comm.Get_rank()
@@ -807,6 +826,3 @@ def main(argv=None):
                  + [f"{a}_ms" for a in names] + ["auto"]), file=out)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
