@@ -8,6 +8,9 @@
 
 from ._api import algorithms, allgather, allreduce, reduce_scatter, set_check
 from ._partition import partition
+from .bucketing import GradientBuckets
+from .comm import Comm, Request
 
-__all__ = ["allreduce", "reduce_scatter", "allgather", "algorithms", "partition", "set_check"]
+__all__ = ["allreduce", "reduce_scatter", "allgather", "algorithms", "partition", "set_check",
+           "Comm", "Request", "GradientBuckets"]
 __version__ = "0.1.0"
