@@ -461,7 +461,7 @@ def environment(comm):
     return dict(
         hostname=socket.gethostname(), cpu_count=os.cpu_count(), platform=platform.platform(),
         machine=platform.machine(), nranks=comm.Get_size(),
-        mpi_library=MPI.Get_library_version().strip().splitlines()[0],
+        mpi_library=" ".join(MPI.Get_library_version().strip().splitlines()[0].split()),
         mpi_library_version=MPI.Get_library_version().strip(),
         mpi_standard="%d.%d" % MPI.Get_version(),
         versions=versions, argv=list(sys.argv),

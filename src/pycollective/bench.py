@@ -530,30 +530,34 @@ def plot(rows, names, path, title):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, ax = plt.subplots(figsize=(10, 5.5))
+    colors = plt.get_cmap("tab20").colors[::2] + plt.get_cmap("tab20").colors[1::2]
+    # Out of place only when there is any (in place looks alike and would
+    # double the lines); in place when that is all there is.
+    modes = [False] if any(not r["inplace"] for r in rows) else [True]
     for k, name in enumerate(["native"] + names):
         color = "black" if name == "native" else colors[(k - 1) % len(colors)]
         for inplace, marker in ((False, "o"), (True, "s")):
+            if inplace not in modes:
+                continue
             sel = sorted((r for r in rows if r["name"] == name and r["inplace"] == inplace
                           and r["bytes"] > 0), key=lambda r: r["bytes"])
             if not sel:
                 continue
-            label = f"{name} ({'in place' if inplace else 'measured'})"
+            label = f"{name}{' (in place)' if inplace else ''}"
             ax.plot([r["bytes"] for r in sel], [r["busbw"] for r in sel], marker=marker,
                     linestyle=":" if inplace else "-", color=color, label=label,
                     fillstyle="none" if inplace else "full", markersize=4)
             pred = [(r["bytes"], r["pred_busbw"]) for r in sel if r.get("pred_busbw")]
-            if pred and not inplace:
-                ax.plot(*zip(*pred), linestyle="--", color=color, alpha=0.6,
-                        label=f"{name} (model)")
+            if pred and name != "auto":  # auto's prediction is its pick's line
+                ax.plot(*zip(*pred), linestyle="--", color=color, alpha=0.6)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("message size per rank (bytes)")
     ax.set_ylabel("busbw (GB/s)")
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -639,7 +643,8 @@ def main(argv=None, comm=None, out=None):
             json.dump(dict(report, measurements=rows), f, indent=1, default=_json_default)
     if rank == 0 and args.plot:
         plot(rows, args.algorithms, args.plot,
-             f"allreduce {dtype.name} {args.op}, N={nranks}: busbw (points) and model (dashed)")
+             f"allreduce {dtype.name} {args.op}, N={nranks}: measured busbw (points), "
+             "model prediction (dashed, same colour)")
     return rows, report
 
 
