@@ -304,3 +304,32 @@ def test_format_helpers():
     assert _harness.fmt_num(0) == "0"
     table = _harness.format_table([("a", str), ("bb", lambda x: str(x * 10))], [1, 22])
     assert table.splitlines() == [" a   bb", " 1   10", "22  220"]
+
+
+def test_sweep_report(tmp_path):
+    """benchmarks/report.py renders the auto score and marks fastest, choice and failures."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "report", Path(__file__).parents[1] / "benchmarks" / "report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+
+    def row(name, count, t, inplace=False, wrong=0):
+        return dict(name=name, nranks=4, count=count, bytes=4 * count, dtype="float32", op="sum",
+                    inplace=inplace, time=t, wrong=wrong, identical=True, input_intact=True,
+                    auto="tree")
+    rows = [row("native", 10, 1e-5), row("ring", 10, 3e-5), row("tree", 10, 2e-5),
+            row("native", 1000, 1e-4), row("ring", 1000, 2e-4, wrong=5), row("tree", 1000, 3e-4)]
+    env = dict(time_utc="2026-01-01T00:00:00Z", hostname="h", cpu_count=2, platform="p",
+               mpi_library="MPICH Version: 5", mpi_standard="5.0", versions={})
+    score = bench.auto_score(rows, ["ring", "tree"])
+    (tmp_path / "sweep_N4.json").write_text(json.dumps(dict(
+        environment=env, calibration=None, auto_score=score, measurements=rows)))
+    text = Path(report.build(str(tmp_path))).read_text()
+    assert "**Overall: 1/2 = 50 %.**" in text
+    assert "| 10 | 40 | 10.0 | 30.0 | **20.0** † | tree | tree ✓ |" in text
+    assert "| 1000 | 4000 | 100 | **200** ✗ | 300 † | ring | tree (1.50×) |" in text
+    assert "5 wrong elements" in text
