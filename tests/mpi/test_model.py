@@ -14,7 +14,7 @@ import pycollective
 from pycollective import model
 from _data import exact_reduce, exact_values
 
-QUICK = dict(min_bytes=4, max_bytes=4096, factor=8, reps=2)
+QUICK = dict(min_bytes=4, max_bytes=4096, factor=8, reps=2, counts=(1, 7, 300))
 
 
 def _same_everywhere(comm, value):
@@ -38,6 +38,11 @@ def test_calibrate_gives_the_same_parameters_on_every_rank():
     assert entry["alpha"] > 0  # a message is never free
     assert set(entry["gamma_by_dtype"]) == {"float32", "float16"}
     assert [n for n, _ in entry["exchange"]] == [4, 32, 256, 2048]
+    assert entry["overhead"] > 0 and _same_everywhere(comm, entry["overhead"])
+    assert set(entry["corrections"]) == set(pycollective.algorithms())
+    for name, rows in entry["algorithms"]["times"].items():
+        assert [c for c, _ in rows] == [1, 7, 300] and all(t > 0 for _, t in rows), name
+        assert _same_everywhere(comm, entry["corrections"][name]["bandwidth"])
 
 
 @pytest.mark.mpi(min_size=2)
@@ -45,7 +50,7 @@ def test_calibrate_command_saves_a_file_the_library_reads(tmp_path_factory):
     comm = MPI.COMM_WORLD
     path = _shared_tmp(comm, tmp_path_factory, "model.json")
     status = model.main(["--calibrate", "--output", path, "--quiet", "--max-bytes", "4096",
-                         "--factor", "8", "--reps", "2"])
+                         "--factor", "8", "--reps", "2", "--counts", "1,100"])
     comm.Barrier()  # rank 0 has written the file
     params = model.load_params(path)
     mine = model.load_params(path, nranks=comm.Get_size())
@@ -53,6 +58,8 @@ def test_calibrate_command_saves_a_file_the_library_reads(tmp_path_factory):
     assert str(comm.Get_size()) in params["by_nranks"]
     assert mine["alpha"] == params["by_nranks"][str(comm.Get_size())]["alpha"]
     assert model.choose(comm.Get_size(), 1000, "float32", "sum", params) in pycollective.algorithms()
+    t = model.explain(comm.Get_size(), 1000, "float32", params)
+    assert model.choose(comm.Get_size(), 1000, "float32", "sum", params) == min(t, key=t.get)
 
 
 @pytest.mark.mpi(min_size=2)

@@ -73,9 +73,9 @@ import numpy as np
 from .. import _registry, algorithms  # noqa: F401  (registers the algorithms)
 
 __all__ = [
-    "DEFAULTS", "predict", "predict_all", "terms", "lecture_predict", "choose",
+    "DEFAULTS", "predict", "predict_all", "terms", "lecture_predict", "choose", "explain",
     "load_params", "save_params", "params_for", "default_path",
-    "fit_alpha_beta", "calibrate",
+    "fit_alpha_beta", "fit_two_regimes", "fit_corrections", "measure_algorithms", "calibrate",
 ]
 
 # Used when no calibration file exists.  Measured at N = 2 on the 2-core
@@ -302,6 +302,8 @@ def params_for(params, nranks):
     by_n = params.get("by_nranks") or {}
     out = {"alpha": params["alpha"], "beta": params["beta"], "gamma": params["gamma"],
            "gamma_by_dtype": dict(params.get("gamma_by_dtype") or {}),
+           "overhead": params.get("overhead", 0.0),
+           "corrections": dict(params.get("corrections") or {}),
            "source": params.get("source", "given")}
     if not by_n:
         return out
@@ -309,9 +311,17 @@ def params_for(params, nranks):
     entries = [by_n[str(n)] if str(n) in by_n else by_n[n] for n in ns]
     for key in ("alpha", "beta", "gamma"):
         out[key] = _interp(nranks, ns, [e[key] for e in entries])
+    out["overhead"] = _interp(nranks, ns, [e.get("overhead", 0.0) for e in entries])
     dtypes = set.intersection(*(set(e.get("gamma_by_dtype") or {}) for e in entries))
     out["gamma_by_dtype"] = {
         dt: _interp(nranks, ns, [e["gamma_by_dtype"][dt] for e in entries]) for dt in dtypes}
+    # Factors of an algorithm missing at some calibrated N (registered since) count as 1.
+    names = set().union(*(set(e.get("corrections") or {}) for e in entries))
+    out["corrections"] = {
+        name: {key: _interp(nranks, ns, [(e.get("corrections") or {}).get(name, {}).get(key, 1.0)
+                                         for e in entries])
+               for key in ("latency", "bandwidth")}
+        for name in names}
     return out
 
 
@@ -342,19 +352,71 @@ def _gamma(flat, dtype):
     return flat["gamma_by_dtype"].get(dtype.name, flat["gamma"])
 
 
-def _fastest(nranks, count, dtype, flat):
-    best, best_t = None, math.inf
-    for name in _registry.names():  # registry order breaks ties, same on every rank
+# A fitted factor below this is noise (a latency part lost in the per-call
+# overhead, say), not evidence that an algorithm's messages are free.
+_MIN_FACTOR = 0.1
+
+
+def _calibrated(cost, name, nranks, count, itemsize, flat, gamma):
+    if count == 0 or nranks == 1:
+        return 0.0
+    c = flat["corrections"].get(name)
+    if c is None:
+        return flat["overhead"] + cost(nranks, count, itemsize, flat["alpha"], flat["beta"], gamma)
+    lat = cost(nranks, count, itemsize, flat["alpha"], 0.0, 0.0)
+    dat = cost(nranks, count, itemsize, 0.0, flat["beta"], gamma)
+    return (flat["overhead"] + max(c["latency"], _MIN_FACTOR) * lat
+            + max(c["bandwidth"], _MIN_FACTOR) * dat)
+
+
+def _all_calibrated(nranks, count, dtype, flat):
+    gamma = _gamma(flat, dtype)
+    out = {}
+    for name in _registry.names():
         algo = _registry.get(name)
-        if algo.cost is None:
-            continue
-        t = algo.cost(nranks, count, dtype.itemsize, flat["alpha"], flat["beta"],
-                      _gamma(flat, dtype))
-        if t < best_t:
-            best, best_t = name, t
-    if best is None:
+        if algo.cost is not None:
+            out[name] = _calibrated(algo.cost, name, nranks, count, dtype.itemsize, flat, gamma)
+    return out
+
+
+def _fastest(nranks, count, dtype, flat):
+    times = _all_calibrated(nranks, count, dtype, flat)
+    if not times:
         raise ValueError("no registered algorithm has a cost model")
-    return best
+    best = min(times.values())
+    # registry order breaks ties, the same on every rank
+    return next(name for name, t in times.items() if t == best)
+
+
+def explain(nranks, count, dtype="float32", params=None):
+    """What ``algorithm="auto"`` believes: every algorithm's calibrated prediction.
+
+    The calibrated prediction is the α-β-γ cost with this N's parameters,
+    each algorithm's fitted factors (:func:`fit_corrections`) and the
+    per-call overhead; without a calibration it is :func:`predict` with
+    :data:`DEFAULTS`.
+
+    Args:
+        nranks, count, dtype: as for :func:`choose`.
+        params: from :func:`load_params`; None loads the default calibration.
+
+    Returns:
+        ``{name: seconds}`` for every registered algorithm with a cost model,
+        in registry order; ``min`` of it is what :func:`choose` returns.
+    """
+    dtype = np.dtype(dtype)
+    params = _params_or_default(params)
+    _check_args(nranks, count, params["alpha"], params["beta"], params["gamma"], dtype.itemsize)
+    return _all_calibrated(int(nranks), int(count), dtype, params_for(params, nranks))
+
+
+def _params_or_default(params):
+    global _default_params
+    if params is None:
+        if _default_params is None:
+            _default_params = load_params()
+        params = _default_params
+    return params
 
 
 def choose(nranks, count, dtype, op="sum", params=None):
@@ -379,14 +441,10 @@ def choose(nranks, count, dtype, op="sum", params=None):
         ValueError: for an unsupported op, bad sizes, or when no algorithm
             has a cost model.
     """
-    global _default_params
     from .._kernels import resolve_op
     resolve_op(op)
     dtype = np.dtype(dtype)
-    if params is None:
-        if _default_params is None:
-            _default_params = load_params()
-        params = _default_params
+    params = _params_or_default(params)
     _check_args(nranks, count, params["alpha"], params["beta"], params["gamma"],
                 dtype.itemsize)
     return _fastest(int(nranks), int(count), dtype, params_for(params, nranks))
@@ -440,12 +498,39 @@ def _auto_for(comm):
 
 # --- calibration ----------------------------------------------------------------
 
+def _fit_relative(columns, times, offset=0.0):
+    """Non-negative least squares on relative error: the c >= 0 minimising
+    Σ((offset + Σ_j c_j·x_ij − t_i)/t_i)².  Exact for a few columns: every
+    subset of free coefficients is solved and the best feasible one kept.
+
+    Returns:
+        ``(coefficients, rms relative residual)``.
+    """
+    t = np.asarray(times, float)
+    x = np.column_stack([np.asarray(c, float) for c in columns]) / t[:, None]
+    y = (t - offset) / t
+    k = x.shape[1]
+    best = None
+    for free in range(1 << k):
+        idx = [j for j in range(k) if free >> j & 1]
+        c = np.zeros(k)
+        if idx:
+            sol = np.linalg.lstsq(x[:, idx], y, rcond=None)[0]
+            if np.any(sol < 0):
+                continue
+            c[idx] = sol
+        err = float(np.sum((x @ c - y) ** 2))
+        if best is None or err < best[0] - 1e-15 * max(1.0, best[0]):
+            best = (err, c)
+    return best[1], float(np.sqrt(best[0] / len(t)))
+
+
 def fit_alpha_beta(sizes, times):
     """Least-squares fit of ``times ≈ alpha + beta * sizes`` on relative error.
 
     Minimises Σ((α + β·n_i − t_i)/t_i)², so a 5 µs point counts as much as a
-    50 ms one; α and β are kept >= 0 (if the free fit makes one negative,
-    it is fixed at 0 and the other refitted).
+    50 ms one; α and β are kept >= 0 (the best fit with the other fixed at
+    0 when the free fit would make one negative).
 
     Args:
         sizes: message sizes (bytes), at least two distinct.
@@ -467,14 +552,72 @@ def fit_alpha_beta(sizes, times):
         raise ValueError("need at least two distinct sizes to fit alpha and beta")
     if np.any(t <= 0) or not np.all(np.isfinite(t)):
         raise ValueError("times must be finite and > 0")
-    a = np.column_stack([1.0 / t, n / t])
-    (alpha, beta), *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
-    if alpha < 0:
-        alpha, beta = 0.0, float(np.sum(n / t) / np.sum((n / t) ** 2))
-    elif beta < 0:
-        alpha, beta = float(np.sum(1 / t) / np.sum((1 / t) ** 2)), 0.0
+    (alpha, beta), residual = _fit_relative([np.ones_like(n), n], t)
+    return float(alpha), float(beta), residual
+
+
+# Message sizes (bytes) that decide α and β: α where the start-up dominates,
+# β where the data no longer fit in cache, as in the large allreduces where
+# β matters.  One straight line through all sizes would take β from the
+# in-cache sizes and predict large messages 1.5-2x too fast on our machine.
+SMALL_BYTES = 1 << 16
+LARGE_BYTES = 1 << 20
+
+
+def fit_two_regimes(sizes, times, small=SMALL_BYTES, large=LARGE_BYTES):
+    """α from the sizes up to ``small``, β from those from ``large`` up (α fixed).
+
+    Falls back to one straight line (:func:`fit_alpha_beta`) when either
+    range has fewer than two sizes.
+
+    Returns:
+        ``(alpha, beta, residual)`` with the residual over all sizes.
+    """
+    n = np.asarray(sizes, float)
+    t = np.asarray(times, float)
+    lo, hi = n <= small, n >= large
+    if len(np.unique(n[lo])) < 2 or len(np.unique(n[hi])) < 2:
+        return fit_alpha_beta(n, t)
+    alpha, _, _ = fit_alpha_beta(n[lo], t[lo])
+    (beta,), _ = _fit_relative([n[hi]], t[hi], offset=alpha)
     rel = (alpha + beta * n - t) / t
     return float(alpha), float(beta), float(np.sqrt(np.mean(rel ** 2)))
+
+
+def fit_corrections(nranks, measured, alpha, beta, gamma, itemsize=4):
+    """Per-algorithm factors that make the α-β-γ model match measured allreduces.
+
+    For each algorithm, its cost splits into a latency part
+    L = cost(α, 0, 0) and a data part D = cost(0, β, γ); the measured times
+    are fitted as ``overhead + latency·L + bandwidth·D`` (non-negative least
+    squares on relative error), ``overhead`` being the per-call time that
+    does not depend on the algorithm.  Factors of 1 mean the model was right;
+    the README lists what they show about this machine.
+
+    Args:
+        nranks: N of the measurements.
+        measured: from :func:`measure_algorithms`.
+        alpha, beta, gamma: the calibrated parameters.
+        itemsize: bytes per element of the measured dtype.
+
+    Returns:
+        ``{name: {"latency": λ, "bandwidth": μ, "residual": rms relative}}``
+        for every measured algorithm that has a cost model.
+    """
+    o = measured["overhead"]
+    out = {}
+    for name, rows in measured["times"].items():
+        try:
+            cost = _cost(name)
+        except ValueError:
+            continue
+        counts = [int(c) for c, _ in rows]
+        t = np.array([x for _, x in rows], float)
+        lat = [cost(nranks, c, itemsize, alpha, 0.0, 0.0) for c in counts]
+        dat = [cost(nranks, c, itemsize, 0.0, beta, gamma) for c in counts]
+        (lam, mu), res = _fit_relative([lat, dat], t, offset=o)
+        out[name] = {"latency": float(lam), "bandwidth": float(mu), "residual": res}
+    return out
 
 
 def _sizes(lo, hi, factor):
@@ -508,29 +651,91 @@ def _steps(nbytes, budget=1 << 22):
 CALIBRATED_DTYPES = ("float32", "float64", "float16", "int32", "int64")
 
 
+def measure_algorithms(comm, counts, *, dtype="float32", reps=5, names=None, budget=2e-3):
+    """Time ``pycollective.allreduce`` with every algorithm at every count (collective).
+
+    Algorithms take turns within each repetition, so a burst of load from
+    another process hits all of them rather than one.  A sample is the
+    slowest rank's mean over enough back-to-back calls to last ``budget``
+    seconds; the result is the median over ``reps`` samples.  ``overhead``
+    is the time of a call with count 0: the argument checks and the
+    agreement step that every call pays, whatever the algorithm.
+
+    Returns:
+        ``{"overhead": seconds, "times": {name: [[count, seconds], ...]}}``.
+    """
+    from mpi4py import MPI
+    from .._api import allreduce
+
+    names = list(_registry.names() if names is None else names)
+    dtype = np.dtype(dtype)
+    rank = comm.Get_rank()
+
+    def sample(fn, inner):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        return comm.allreduce((time.perf_counter() - t0) / inner, op=MPI.MAX)
+
+    def loops(fn):
+        fn()  # warm-up: kernels, scratch buffers, shared windows
+        one = sample(fn, 1)
+        return max(1, min(1000, int(budget / max(one, 1e-7))))
+
+    empty = np.empty(0, dtype)
+    call0 = lambda: allreduce(empty, empty.copy(), comm=comm, algorithm=names[0])  # noqa: E731
+    inner0 = loops(call0)
+    overhead = float(np.median([sample(call0, inner0) for _ in range(reps)]))
+    times = {name: [] for name in names}
+    for count in counts:
+        x = ((np.arange(count) % 251) + rank).astype(dtype)
+        out = np.empty_like(x)
+        calls = {name: (lambda name=name: allreduce(x, out, comm=comm, algorithm=name))
+                 for name in names}
+        inner = {name: loops(fn) for name, fn in calls.items()}
+        samples = {name: [] for name in names}
+        for _ in range(reps):
+            for name in names:
+                samples[name].append(sample(calls[name], inner[name]))
+        for name in names:
+            times[name].append([int(count), float(np.median(samples[name]))])
+    return {"overhead": overhead, "times": times}
+
+
+ALGORITHM_COUNTS = tuple(4 ** k for k in range(12))  # 1 .. 4194304 elements
+
+
 def calibrate(comm=None, *, min_bytes=4, max_bytes=1 << 25, factor=4, reps=5,
-              dtypes=CALIBRATED_DTYPES, log=None):
-    """Measure α, β and γ on ``comm`` (collective: every rank must call it).
+              dtypes=CALIBRATED_DTYPES, counts=ALGORITHM_COUNTS, log=None):
+    """Measure α, β, γ and the per-algorithm factors on ``comm`` (collective).
 
     α and β come from ring exchanges of n bytes (every rank ``Sendrecv``s to
     its right neighbour and from its left one at the same time, through the
-    same helper the algorithms use), γ for each dtype from its ``sum`` kernel
-    run on every rank at once.  Times are the slowest rank's, median over
+    same helper the algorithms use): α fitted on the sizes up to 64 KiB, β
+    on those from 1 MiB (:func:`fit_two_regimes`).  γ for each dtype is the
+    slope of its ``sum`` kernel's time, run on every rank at once, over the
+    same large sizes.  Then every registered algorithm is timed at ``counts``
+    float32 elements (:func:`measure_algorithms`) and its factors fitted
+    (:func:`fit_corrections`).  Times are the slowest rank's, medians over
     ``reps`` repetitions.
 
     Args:
         comm: an mpi4py intracommunicator with at least 2 ranks; None means
             ``MPI.COMM_WORLD``.
         min_bytes, max_bytes, factor: message sizes min_bytes·factor^k.
-        reps: timed repetitions per size (after one warm-up).
+        reps: timed repetitions per size (after a warm-up).
         dtypes: dtypes whose γ to measure; the first one gives ``gamma``.
+        counts: element counts at which to time the algorithms (at least
+            two), or empty to skip that step (the factors then stay 1).
         log: callable receiving progress lines (on rank 0), or None.
 
     Returns:
         The calibration of this N as a dict: ``nranks``, ``alpha``, ``beta``,
         ``gamma``, ``gamma_by_dtype``, ``residual`` (RMS relative error of the
-        α-β fit), ``gamma_residual``, the raw ``exchange`` and ``kernel``
-        measurements, and a description of the machine and MPI library.
+        α-β fit over all sizes), ``overhead``, ``corrections``, the raw
+        ``exchange``, ``kernel`` and ``algorithms`` measurements, and a
+        description of the machine and MPI library.
 
     Raises:
         ValueError: on a communicator of one rank, or bad sizes.
@@ -547,6 +752,8 @@ def calibrate(comm=None, *, min_bytes=4, max_bytes=1 << 25, factor=4, reps=5,
         raise ValueError("need 1 <= min_bytes < max_bytes and factor >= 2")
     if len([n for n in _sizes(min_bytes, max_bytes, factor) if n >= 16]) < 2:
         raise ValueError("the size range must hold at least two sizes of 16 bytes or more")
+    if len(counts) == 1:
+        raise ValueError("give at least two counts to fit the algorithms' factors, or none")
     say = log if (log is not None and rank == 0) else (lambda line: None)
     comm = comm.Dup()  # our messages never meet the caller's
     try:
@@ -561,7 +768,8 @@ def calibrate(comm=None, *, min_bytes=4, max_bytes=1 << 25, factor=4, reps=5,
             t = _timed(comm, body, _steps(n), reps)
             exchange.append([n, t])
             say(f"  exchange {n:>10d} B  {t * 1e6:12.2f} us")
-        alpha, beta, residual = fit_alpha_beta(*zip(*exchange))
+        del sbuf, rbuf
+        alpha, beta, residual = fit_two_regimes(*zip(*exchange))
         say(f"  alpha = {alpha * 1e6:.3f} us, beta = {beta * 1e9:.4f} ns/B "
             f"({1e-9 / beta if beta else math.inf:.2f} GB/s), rms rel. residual {residual:.1%}")
 
@@ -578,18 +786,32 @@ def calibrate(comm=None, *, min_bytes=4, max_bytes=1 << 25, factor=4, reps=5,
                 av, bv, ov = a[:m], b[:m], out[:m]
                 rows.append([m * dt.itemsize,
                              _timed(comm, lambda: k(av, bv, ov), _steps(n), reps)])
-            _, g, g_res = fit_alpha_beta(*zip(*rows))
+            _, g, g_res = fit_two_regimes(*zip(*rows), small=0)
             gamma_by_dtype[dt.name] = g
             kernel[dt.name] = rows
             say(f"  gamma[{dt.name}] = {g * 1e9:.4f} ns/B, rms rel. residual {g_res:.1%}")
         first = np.dtype(dtypes[0]).name
-        return {
+        gamma = gamma_by_dtype[first]
+        entry = {
             "nranks": size, "alpha": alpha, "beta": beta,
-            "gamma": gamma_by_dtype[first], "gamma_by_dtype": gamma_by_dtype,
+            "gamma": gamma, "gamma_by_dtype": gamma_by_dtype,
             "residual": residual, "exchange": exchange, "kernel": kernel,
+            "overhead": 0.0, "corrections": {},
             "machine": _machine(), "created": datetime.datetime.now(
                 datetime.timezone.utc).isoformat(timespec="seconds"),
         }
+        if counts:
+            measured = measure_algorithms(comm, counts, dtype="float32", reps=reps)
+            entry["algorithms"] = measured
+            entry["overhead"] = measured["overhead"]
+            entry["corrections"] = fit_corrections(size, measured, alpha, beta,
+                                                   gamma_by_dtype.get("float32", gamma))
+            say(f"  per-call overhead {measured['overhead'] * 1e6:.1f} us; "
+                "factors (latency, bandwidth, rms rel. residual):")
+            for name, c in entry["corrections"].items():
+                say(f"    {name:>16s}  {c['latency']:7.2f}  {c['bandwidth']:7.2f}  "
+                    f"{c['residual']:6.1%}")
+        return entry
     finally:
         comm.Free()
 
@@ -615,7 +837,9 @@ def merge_calibration(existing, entry):
     low = by_n[str(min(int(n) for n in by_n))]
     return {"version": 1, "by_nranks": by_n,
             "alpha": low["alpha"], "beta": low["beta"], "gamma": low["gamma"],
-            "gamma_by_dtype": dict(low.get("gamma_by_dtype") or {})}
+            "gamma_by_dtype": dict(low.get("gamma_by_dtype") or {}),
+            "overhead": low.get("overhead", 0.0),
+            "corrections": dict(low.get("corrections") or {})}
 
 
 # --- command line ---------------------------------------------------------------
@@ -632,6 +856,12 @@ def _count_arg(text):
     if v < 0 or v != int(v):
         raise argparse.ArgumentTypeError(f"not a non-negative integer: {text!r}")
     return int(v)
+
+
+def _counts_arg(text):
+    if text.strip().lower() == "none":
+        return ()
+    return tuple(_count_arg(x) for x in text.split(",") if x)
 
 
 def _list_arg(text):
@@ -716,7 +946,7 @@ def _main_calibrate(args):
     if rank == 0 and say:
         say(f"calibrating on {comm.Get_size()} ranks ({MPI.Get_library_version().splitlines()[0]})")
     entry = calibrate(comm, min_bytes=args.min_bytes, max_bytes=args.max_bytes,
-                      factor=args.factor, reps=args.reps, log=say)
+                      factor=args.factor, reps=args.reps, counts=args.counts, log=say)
     status = 0
     if rank == 0:
         path = args.output or default_path()
@@ -776,6 +1006,9 @@ def main(argv=None):
     g.add_argument("--max-bytes", type=_count_arg, default=1 << 25)
     g.add_argument("--factor", type=_count_arg, default=4)
     g.add_argument("--reps", type=_count_arg, default=5)
+    g.add_argument("--counts", type=_counts_arg, default=ALGORITHM_COUNTS,
+                   help="element counts at which to time every algorithm (default 1,4,...,4^11; "
+                        "'none' skips it)")
     g.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
     out = sys.stdout
