@@ -384,7 +384,8 @@ def test_fit_corrections_recovers_known_factors():
     for name, (lam, mu) in factors.items():
         times[name] = [[c, o + lam * predict(name, N, c, alpha=a, beta=0)
                         + mu * predict(name, N, c, alpha=0, beta=b, gamma=g)] for c in counts]
-    fitted = model.fit_corrections(N, {"overhead": o, "times": times}, a, b, g)
+    fitted = model.fit_corrections(N, {"overhead": o, "times": times},
+                                   dict(alpha=a, beta=b, gamma=g))
     for name, (lam, mu) in factors.items():
         assert fitted[name]["latency"] == pytest.approx(lam, rel=1e-6)
         assert fitted[name]["bandwidth"] == pytest.approx(mu, rel=1e-6)
@@ -406,3 +407,18 @@ def test_explain_and_choose_use_the_calibrated_factors(tmp_path):
                                                      gamma=1e-10))
     assert choose(4, 10 ** 6, "float32", "sum", params) == min(t, key=t.get)
     assert list(t) == [a for a in ALGOS]
+
+
+def test_per_size_curves_set_beta_and_gamma_by_vector_size():
+    # In cache (<= 1 MiB) 1e-10 s/B, out of cache 4e-10 s/B: a 4 MiB vector
+    # pays the out-of-cache rate, a 64 KiB one the in-cache rate.
+    curve = [[1 << 14, 1e-10], [1 << 20, 1e-10], [1 << 22, 4e-10], [1 << 24, 4e-10]]
+    params = dict(alpha=1e-6, beta=1e-10, gamma=0.0, beta_curve=curve)
+    small, big = 1 << 14, 1 << 20  # float32 counts: 64 KiB and 4 MiB
+    t_small = model.explain(2, small, "float32", params)["ring"]
+    t_big = model.explain(2, big, "float32", params)["ring"]
+    assert t_small == pytest.approx(predict("ring", 2, small, alpha=1e-6, beta=1e-10))
+    assert t_big == pytest.approx(predict("ring", 2, big, alpha=1e-6, beta=4e-10))
+    # in between: log-linear
+    mid = model._at(curve, 1 << 21, None)
+    assert 1e-10 < mid < 4e-10 and mid == pytest.approx(2.5e-10)

@@ -287,6 +287,35 @@ def _interp(x, xs, ys):
             return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
+def _interp_curves(nranks, ns, curves):
+    """Per-size curves ``[[bytes, s/B], ...]`` of several N, interpolated in N.
+
+    Curves measured on the same sizes are interpolated point by point; if
+    any N lacks a curve or the sizes differ, the nearest N's curve is used.
+    """
+    if not any(curves):
+        return None
+    have = [(n, c) for n, c in zip(ns, curves) if c]
+    if len(have) == len(curves) and all([x for x, _ in c] == [x for x, _ in have[0][1]]
+                                        for _, c in have):
+        sizes = [x for x, _ in have[0][1]]
+        return [[x, _interp(nranks, ns, [c[i][1] for c in curves])] for i, x in enumerate(sizes)]
+    return min(have, key=lambda nc: abs(nc[0] - nranks))[1]
+
+
+def _at(curve, nbytes, default):
+    """Value of a per-size curve at ``nbytes`` (log-linear, clamped at the ends)."""
+    if not curve or nbytes <= 0:
+        return default
+    sizes = [x for x, _ in curve]
+    values = [v for _, v in curve]
+    if nbytes <= sizes[0]:
+        return values[0]
+    if nbytes >= sizes[-1]:
+        return values[-1]
+    return float(np.interp(math.log(nbytes), np.log(sizes), values))
+
+
 def params_for(params, nranks):
     """The α, β, γ of ``params`` for a communicator of ``nranks`` ranks.
 
@@ -304,6 +333,8 @@ def params_for(params, nranks):
            "gamma_by_dtype": dict(params.get("gamma_by_dtype") or {}),
            "overhead": params.get("overhead", 0.0),
            "corrections": dict(params.get("corrections") or {}),
+           "beta_curve": params.get("beta_curve"),
+           "gamma_curves": dict(params.get("gamma_curves") or {}),
            "source": params.get("source", "given")}
     if not by_n:
         return out
@@ -315,6 +346,13 @@ def params_for(params, nranks):
     dtypes = set.intersection(*(set(e.get("gamma_by_dtype") or {}) for e in entries))
     out["gamma_by_dtype"] = {
         dt: _interp(nranks, ns, [e["gamma_by_dtype"][dt] for e in entries]) for dt in dtypes}
+    out["beta_curve"] = _interp_curves(nranks, ns, [e.get("beta_curve") for e in entries])
+    out["gamma_curves"] = {}
+    for dt in dtypes:
+        curve = _interp_curves(nranks, ns, [(e.get("gamma_curves") or {}).get(dt)
+                                            for e in entries])
+        if curve:
+            out["gamma_curves"][dt] = curve
     # Factors of an algorithm missing at some calibrated N (registered since) count as 1.
     names = set().union(*(set(e.get("corrections") or {}) for e in entries))
     out["corrections"] = {
@@ -357,25 +395,41 @@ def _gamma(flat, dtype):
 _MIN_FACTOR = 0.1
 
 
-def _calibrated(cost, name, nranks, count, itemsize, flat, gamma):
+def _rates(flat, count, dtype):
+    """β and γ for an allreduce of ``count`` elements of ``dtype``.
+
+    With a calibration's per-size curves, the per-byte times measured at the
+    vector's size in bytes: on a shared-memory node they depend on whether
+    the data fit in cache, by 2-3x on our machine.  Otherwise the scalars.
+    """
+    nbytes = count * dtype.itemsize
+    beta = _at(flat.get("beta_curve"), nbytes, flat["beta"])
+    gamma = _at((flat.get("gamma_curves") or {}).get(dtype.name), nbytes, _gamma(flat, dtype))
+    return beta, gamma
+
+
+def _parts(cost, nranks, count, dtype, flat):
+    """(latency part, data part) of ``cost`` with the calibrated α, β, γ."""
+    beta, gamma = _rates(flat, count, dtype)
+    return (cost(nranks, count, dtype.itemsize, flat["alpha"], 0.0, 0.0),
+            cost(nranks, count, dtype.itemsize, 0.0, beta, gamma))
+
+
+def _calibrated(cost, name, nranks, count, dtype, flat):
     if count == 0 or nranks == 1:
         return 0.0
-    c = flat["corrections"].get(name)
-    if c is None:
-        return flat["overhead"] + cost(nranks, count, itemsize, flat["alpha"], flat["beta"], gamma)
-    lat = cost(nranks, count, itemsize, flat["alpha"], 0.0, 0.0)
-    dat = cost(nranks, count, itemsize, 0.0, flat["beta"], gamma)
-    return (flat["overhead"] + max(c["latency"], _MIN_FACTOR) * lat
-            + max(c["bandwidth"], _MIN_FACTOR) * dat)
+    lat, dat = _parts(cost, nranks, count, dtype, flat)
+    c = flat["corrections"].get(name) or {}
+    return (flat["overhead"] + max(c.get("latency", 1.0), _MIN_FACTOR) * lat
+            + max(c.get("bandwidth", 1.0), _MIN_FACTOR) * dat)
 
 
 def _all_calibrated(nranks, count, dtype, flat):
-    gamma = _gamma(flat, dtype)
     out = {}
     for name in _registry.names():
         algo = _registry.get(name)
         if algo.cost is not None:
-            out[name] = _calibrated(algo.cost, name, nranks, count, dtype.itemsize, flat, gamma)
+            out[name] = _calibrated(algo.cost, name, nranks, count, dtype, flat)
     return out
 
 
@@ -584,26 +638,30 @@ def fit_two_regimes(sizes, times, small=SMALL_BYTES, large=LARGE_BYTES):
     return float(alpha), float(beta), float(np.sqrt(np.mean(rel ** 2)))
 
 
-def fit_corrections(nranks, measured, alpha, beta, gamma, itemsize=4):
+def fit_corrections(nranks, measured, params, dtype="float32"):
     """Per-algorithm factors that make the α-β-γ model match measured allreduces.
 
     For each algorithm, its cost splits into a latency part
-    L = cost(α, 0, 0) and a data part D = cost(0, β, γ); the measured times
-    are fitted as ``overhead + latency·L + bandwidth·D`` (non-negative least
-    squares on relative error), ``overhead`` being the per-call time that
-    does not depend on the algorithm.  Factors of 1 mean the model was right;
-    the README lists what they show about this machine.
+    L = cost(α, 0, 0) and a data part D = cost(0, β, γ) (β and γ taken at
+    the vector's size when ``params`` has per-size curves); the measured
+    times are fitted as ``overhead + latency·L + bandwidth·D`` (non-negative
+    least squares on relative error), ``overhead`` being the per-call time
+    that does not depend on the algorithm.  Factors of 1 mean the model was
+    right; the README lists what they show about this machine.
 
     Args:
         nranks: N of the measurements.
         measured: from :func:`measure_algorithms`.
-        alpha, beta, gamma: the calibrated parameters.
-        itemsize: bytes per element of the measured dtype.
+        params: the calibrated parameters of this N (a calibration entry or
+            :func:`params_for` output: alpha, beta, gamma, optional curves).
+        dtype: dtype of the measurements.
 
     Returns:
         ``{name: {"latency": λ, "bandwidth": μ, "residual": rms relative}}``
         for every measured algorithm that has a cost model.
     """
+    flat = params_for({k: v for k, v in params.items() if k != "by_nranks"}, nranks)
+    dtype = np.dtype(dtype)
     o = measured["overhead"]
     out = {}
     for name, rows in measured["times"].items():
@@ -611,13 +669,25 @@ def fit_corrections(nranks, measured, alpha, beta, gamma, itemsize=4):
             cost = _cost(name)
         except ValueError:
             continue
-        counts = [int(c) for c, _ in rows]
         t = np.array([x for _, x in rows], float)
-        lat = [cost(nranks, c, itemsize, alpha, 0.0, 0.0) for c in counts]
-        dat = [cost(nranks, c, itemsize, 0.0, beta, gamma) for c in counts]
-        (lam, mu), res = _fit_relative([lat, dat], t, offset=o)
+        parts = [_parts(cost, nranks, int(c), dtype, flat) for c, _ in rows]
+        (lam, mu), res = _fit_relative([[p[0] for p in parts], [p[1] for p in parts]], t,
+                                       offset=o)
         out[name] = {"latency": float(lam), "bandwidth": float(mu), "residual": res}
     return out
+
+
+CURVE_MIN_BYTES = 1 << 14  # below this the per-byte part is too small to measure
+
+
+def _curve(rows, fixed):
+    """Per-byte time ``(t - fixed)/n`` at each size from CURVE_MIN_BYTES up.
+
+    Smaller sizes take the value of the smallest listed one; ``None`` if the
+    measurements do not reach CURVE_MIN_BYTES.
+    """
+    curve = [[int(n), max(t - fixed, 0.0) / n] for n, t in rows if n >= CURVE_MIN_BYTES]
+    return curve or None
 
 
 def _sizes(lo, hi, factor):
@@ -628,8 +698,17 @@ def _sizes(lo, hi, factor):
     return out
 
 
+def _typical(samples):
+    """The lower quartile of timing samples.
+
+    Other processes on a shared machine only ever add time, in bursts; the
+    lower quartile ignores the bursts without trusting one lucky sample.
+    """
+    return float(np.percentile(samples, 25))
+
+
 def _timed(comm, body, steps, reps):
-    """Median over ``reps`` of the slowest rank's time per call of ``body``."""
+    """Lower quartile over ``reps`` of the slowest rank's time per call of ``body``."""
     from mpi4py import MPI
     samples = []
     for rep in range(reps + 1):  # the first repetition warms up
@@ -641,7 +720,7 @@ def _timed(comm, body, steps, reps):
         dt = comm.allreduce(dt, op=MPI.MAX)
         if rep:
             samples.append(dt)
-    return float(np.median(samples))
+    return _typical(samples)
 
 
 def _steps(nbytes, budget=1 << 22):
@@ -657,7 +736,7 @@ def measure_algorithms(comm, counts, *, dtype="float32", reps=5, names=None, bud
     Algorithms take turns within each repetition, so a burst of load from
     another process hits all of them rather than one.  A sample is the
     slowest rank's mean over enough back-to-back calls to last ``budget``
-    seconds; the result is the median over ``reps`` samples.  ``overhead``
+    seconds; the result is the lower quartile of ``reps`` samples.  ``overhead``
     is the time of a call with count 0: the argument checks and the
     agreement step that every call pays, whatever the algorithm.
 
@@ -686,7 +765,7 @@ def measure_algorithms(comm, counts, *, dtype="float32", reps=5, names=None, bud
     empty = np.empty(0, dtype)
     call0 = lambda: allreduce(empty, empty.copy(), comm=comm, algorithm=names[0])  # noqa: E731
     inner0 = loops(call0)
-    overhead = float(np.median([sample(call0, inner0) for _ in range(reps)]))
+    overhead = _typical([sample(call0, inner0) for _ in range(reps)])
     times = {name: [] for name in names}
     for count in counts:
         x = ((np.arange(count) % 251) + rank).astype(dtype)
@@ -699,14 +778,14 @@ def measure_algorithms(comm, counts, *, dtype="float32", reps=5, names=None, bud
             for name in names:
                 samples[name].append(sample(calls[name], inner[name]))
         for name in names:
-            times[name].append([int(count), float(np.median(samples[name]))])
+            times[name].append([int(count), _typical(samples[name])])
     return {"overhead": overhead, "times": times}
 
 
 ALGORITHM_COUNTS = tuple(4 ** k for k in range(12))  # 1 .. 4194304 elements
 
 
-def calibrate(comm=None, *, min_bytes=4, max_bytes=1 << 25, factor=4, reps=5,
+def calibrate(comm=None, *, min_bytes=4, max_bytes=1 << 26, factor=4, reps=7,
               dtypes=CALIBRATED_DTYPES, counts=ALGORITHM_COUNTS, log=None):
     """Measure α, β, γ and the per-algorithm factors on ``comm`` (collective).
 
@@ -717,8 +796,8 @@ def calibrate(comm=None, *, min_bytes=4, max_bytes=1 << 25, factor=4, reps=5,
     slope of its ``sum`` kernel's time, run on every rank at once, over the
     same large sizes.  Then every registered algorithm is timed at ``counts``
     float32 elements (:func:`measure_algorithms`) and its factors fitted
-    (:func:`fit_corrections`).  Times are the slowest rank's, medians over
-    ``reps`` repetitions.
+    (:func:`fit_corrections`).  Times are the slowest rank's, lower quartiles
+    of ``reps`` repetitions (other processes only ever add time).
 
     Args:
         comm: an mpi4py intracommunicator with at least 2 ranks; None means
@@ -770,11 +849,12 @@ def calibrate(comm=None, *, min_bytes=4, max_bytes=1 << 25, factor=4, reps=5,
             say(f"  exchange {n:>10d} B  {t * 1e6:12.2f} us")
         del sbuf, rbuf
         alpha, beta, residual = fit_two_regimes(*zip(*exchange))
+        beta_curve = _curve(exchange, alpha)
         say(f"  alpha = {alpha * 1e6:.3f} us, beta = {beta * 1e9:.4f} ns/B "
             f"({1e-9 / beta if beta else math.inf:.2f} GB/s), rms rel. residual {residual:.1%}")
 
         kernel_sizes = [n for n in sizes if n >= 16]  # at least 2 elements of any dtype
-        gamma_by_dtype, kernel = {}, {}
+        gamma_by_dtype, gamma_curves, kernel = {}, {}, {}
         for dt in map(np.dtype, dtypes):
             k = get_kernel("sum", dt)
             a = np.ones(max_bytes // dt.itemsize, dt)
@@ -788,6 +868,7 @@ def calibrate(comm=None, *, min_bytes=4, max_bytes=1 << 25, factor=4, reps=5,
                              _timed(comm, lambda: k(av, bv, ov), _steps(n), reps)])
             _, g, g_res = fit_two_regimes(*zip(*rows), small=0)
             gamma_by_dtype[dt.name] = g
+            gamma_curves[dt.name] = _curve(rows, rows[0][1])
             kernel[dt.name] = rows
             say(f"  gamma[{dt.name}] = {g * 1e9:.4f} ns/B, rms rel. residual {g_res:.1%}")
         first = np.dtype(dtypes[0]).name
@@ -796,6 +877,7 @@ def calibrate(comm=None, *, min_bytes=4, max_bytes=1 << 25, factor=4, reps=5,
             "nranks": size, "alpha": alpha, "beta": beta,
             "gamma": gamma, "gamma_by_dtype": gamma_by_dtype,
             "residual": residual, "exchange": exchange, "kernel": kernel,
+            "beta_curve": beta_curve, "gamma_curves": gamma_curves,
             "overhead": 0.0, "corrections": {},
             "machine": _machine(), "created": datetime.datetime.now(
                 datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -804,8 +886,7 @@ def calibrate(comm=None, *, min_bytes=4, max_bytes=1 << 25, factor=4, reps=5,
             measured = measure_algorithms(comm, counts, dtype="float32", reps=reps)
             entry["algorithms"] = measured
             entry["overhead"] = measured["overhead"]
-            entry["corrections"] = fit_corrections(size, measured, alpha, beta,
-                                                   gamma_by_dtype.get("float32", gamma))
+            entry["corrections"] = fit_corrections(size, measured, entry)
             say(f"  per-call overhead {measured['overhead'] * 1e6:.1f} us; "
                 "factors (latency, bandwidth, rms rel. residual):")
             for name, c in entry["corrections"].items():
@@ -1003,9 +1084,9 @@ def main(argv=None):
     g.add_argument("--output", help="file to save to (default: the default path)")
     g.add_argument("--fresh", action="store_true", help="drop calibrations of other N in the file")
     g.add_argument("--min-bytes", type=_count_arg, default=4)
-    g.add_argument("--max-bytes", type=_count_arg, default=1 << 25)
+    g.add_argument("--max-bytes", type=_count_arg, default=1 << 26)
     g.add_argument("--factor", type=_count_arg, default=4)
-    g.add_argument("--reps", type=_count_arg, default=5)
+    g.add_argument("--reps", type=_count_arg, default=7)
     g.add_argument("--counts", type=_counts_arg, default=ALGORITHM_COUNTS,
                    help="element counts at which to time every algorithm (default 1,4,...,4^11; "
                         "'none' skips it)")
