@@ -151,10 +151,24 @@ def test_ring_pipelined_rejects_bad_segment():
 
 
 @pytest.mark.mpi(min_size=2)
-def test_shm_window_reuse_and_growth(layouts):
+def test_shm_window_reuse_and_growth():
     # Sizes in bytes cross the replicate (4 KiB) and two-region (1 MiB)
     # limits both ways, so growth, reuse and the sync before a one-region
-    # call after a two-region one are all exercised.
+    # call after a two-region one are all exercised.  Single-copy reads are
+    # off (they would take the large calls), so every call uses the window.
+    from pycollective.algorithms import shm
+    world = MPI.COMM_WORLD
+    half = world.Split(world.Get_rank() % 2, world.Get_rank())
+    comms = [("world", world.Dup()), ("half", half)]
+    try:
+        with _env(shm.CMA_ENV, "0"):  # read on each comm's first shm call
+            _window_plan(comms)
+    finally:
+        for _, comm in comms:
+            comm.Free()
+
+
+def _window_plan(layouts):
     plan = [("float32", 10), ("float64", 1000), ("float32", 100), ("float32", 300_000),
             ("int64", 5), ("float32", 200_000), ("float64", 600_000), ("int32", 3),
             ("float32", 1_000_003), ("int64", 50_000), ("float16", 33), ("float32", 999)]
@@ -194,3 +208,26 @@ def test_shm_many_small_calls_back_to_back():
         count = out.size
         expected = sum(np.arange(count, dtype=np.int64) * (i + 1) + q * 1000 + i for q in range(n))
         assert np.array_equal(out, expected), f"call {i}"
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("cma", ["1", "0"])
+def test_shm_large_paths(cma):
+    """Above 1 MiB: single-copy reads of the others' buffers (cma=1, where the
+    system allows it) and the shared-window copy (cma=0); in place included,
+    where a rank >= 2 must not overwrite its own operand before reading it."""
+    from pycollective.algorithms import shm
+    world = MPI.COMM_WORLD
+    failures = []
+    with _env(shm.CMA_ENV, cma):
+        comm = world.Dup()
+        try:
+            for dtype, op, count in (("float32", "sum", 300_007), ("int64", "max", 1_000_003),
+                                     ("float16", "sum", 700_001), ("float64", "prod", 262_145)):
+                _check(comm, "shm", dtype, op, count, failures, f"cma={cma}")
+            state = get_context(comm).cache["shm"]
+            if cma == "0":
+                assert state.cross is None
+        finally:
+            comm.Free()
+    assert not failures, f"{len(failures)} failures: " + "; ".join(failures[:5])

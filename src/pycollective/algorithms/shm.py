@@ -50,7 +50,9 @@ a memory copy), and the reduction of f·M·s bytes at γ:
 (2 + [M·s > limit])·⌈log2 N⌉·α + 2·f·M·s·β + f·M·s·γ.
 """
 
+import ctypes
 import math
+import os
 
 import numpy as np
 from mpi4py import MPI
@@ -228,6 +230,143 @@ def shm_allreduce_on(node, src, dst, kernel):
         node.sync()
 
 
+# --- single copy through the kernel (Linux cross-memory attach) ---------------
+
+class _IoVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+def _load_readv():
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).process_vm_readv
+    except (OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_ssize_t
+    fn.argtypes = [ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_ulong,
+                   ctypes.POINTER(_IoVec), ctypes.c_ulong, ctypes.c_ulong]
+    return fn
+
+
+_readv = _load_readv()
+CMA_ENV = "PYCOLLECTIVE_SHM_CMA"
+
+
+class CrossMemory:
+    """Reads of another rank's private memory by address (``process_vm_readv``).
+
+    Ranks publish their buffer addresses in a small shared window; a reader
+    copies straight from the owner's array, so no rank has to stage its input
+    in shared memory first.  Usable only where the system allows it (Linux,
+    same user, ptrace permitted); :meth:`probe` finds out collectively, so all
+    ranks take the same path.
+    """
+
+    def __init__(self, comm):
+        self.comm = comm
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.win = MPI.Win.Allocate_shared(64, 1, comm=comm)
+        self.win.Lock_all(MPI.MODE_NOCHECK)
+        self.headers = [np.frombuffer(self.win.Shared_query(q)[0], np.int64, 8)
+                        for q in range(self.size)]
+        self.headers[self.rank][0] = os.getpid()
+        self._local, self._remote = _IoVec(), _IoVec()
+        self._tmp = np.empty(0, np.uint8)
+        self.sync()
+        self.pids = [int(h[0]) for h in self.headers]
+
+    def sync(self):
+        self.win.Sync()
+        self.comm.Barrier()
+        self.win.Sync()
+
+    def publish(self, src, dst):
+        header = self.headers[self.rank]
+        header[1] = src.ctypes.data
+        header[2] = dst.ctypes.data
+
+    def read(self, q, address, out):
+        """Copy ``out.nbytes`` bytes at ``address`` in rank q's memory into ``out``."""
+        done, total, base = 0, out.nbytes, out.ctypes.data
+        local, remote = self._local, self._remote
+        while done < total:
+            local.base, local.len = base + done, total - done
+            remote.base, remote.len = address + done, total - done
+            got = _readv(self.pids[q], ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+            if got <= 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"process_vm_readv from rank {q}: {os.strerror(err)}")
+            done += got
+
+    def scratch(self, nbytes):
+        if self._tmp.nbytes < nbytes:
+            self._tmp = np.empty(nbytes, np.uint8)
+        return self._tmp
+
+    def probe(self):
+        """True on every rank iff every rank can read its right neighbour's memory."""
+        mark = np.array([0x5EED0000 + self.rank], np.int64)
+        self.headers[self.rank][1] = mark.ctypes.data
+        self.sync()
+        right = (self.rank + 1) % self.size
+        got = np.zeros(1, np.int64)
+        try:
+            self.read(right, int(self.headers[right][1]), got)
+            ok = int(got[0]) == 0x5EED0000 + right
+        except OSError:
+            ok = False
+        ok = self.comm.allreduce(ok, op=MPI.LAND)  # also keeps `mark` alive until all read
+        return ok
+
+    def free(self):
+        self.win.Unlock_all()
+        self.win.Free()
+
+
+def cma_allreduce_on(cross, src, dst, kernel):
+    """Single-copy variant: the reduce reads the others' ``src``, the copy-out their ``dst``."""
+    n, r = cross.size, cross.rank
+    bounds = chunk_bounds(dst.size, n)
+    itemsize = dst.itemsize
+    cross.publish(src, dst)
+    cross.sync()
+    headers = cross.headers
+    srcs = [int(headers[q][1]) for q in range(n)]
+    dsts = [int(headers[q][2]) for q in range(n)]
+    lo, hi = bounds[r], bounds[r + 1]
+    # Blocks sized so the N-1 staged blocks stay in a 2 MB L2 with the output.
+    block_bytes = min(_BLOCK_BYTES, max(16 << 10, (1 << 20) // n))
+    block = max(1, block_bytes // itemsize)
+    tmp = cross.scratch(n * block * itemsize)
+    staged = [tmp[i * block * itemsize:(i + 1) * block * itemsize].view(dst.dtype)
+              for i in range(n)]
+    # In place, the first kernel pass writes dst before a rank r >= 2 has
+    # read its own operand (operands go in rank order), so stage it too.
+    own_staged = r >= 2 and np.may_share_memory(src, dst)
+    for b in range(lo, hi, block):
+        e = min(b + block, hi)
+        operands, i = [], 0
+        for q in range(n):
+            if q == r:
+                if own_staged:
+                    own = staged[n - 1][:e - b]
+                    own[...] = src[b:e]
+                    operands.append(own)
+                else:
+                    operands.append(src[b:e])
+            else:
+                part = staged[i][:e - b]
+                i += 1
+                cross.read(q, srcs[q] + b * itemsize, part)
+                operands.append(part)
+        reduce_block(kernel, operands, dst[b:e])
+    cross.sync()
+    for q in range(n):
+        qlo, qhi = bounds[q], bounds[q + 1]
+        if q != r and qhi > qlo:
+            cross.read(q, dsts[q] + qlo * itemsize, dst[qlo:qhi])
+    cross.sync()  # nobody returns (and lets its dst change) while others read it
+
+
 class _ShmState:
     """Cached per communicator: the node window, or why there can be none."""
 
@@ -237,7 +376,7 @@ class _ShmState:
             # Every rank sees its node smaller than the communicator, so every
             # rank takes this branch: the error is the same everywhere.
             shared.Free()
-            self.node = None
+            self.node = self.cross = None
             self.error = (
                 f"algorithm 'shm' needs all {ctx.size} ranks of the communicator on "
                 "one shared-memory node, but the communicator spans several nodes; "
@@ -245,9 +384,22 @@ class _ShmState:
         else:
             self.node = SharedSlots(shared)
             self.error = None
+            self.cross = None
+            wanted = _readv is not None and os.environ.get(CMA_ENV, "1").strip().lower() not in (
+                "0", "false", "no", "off")
+            # Same on all ranks: the wish is agreed, and so is the probe.
+            if ctx.comm.allreduce(wanted, op=MPI.LAND):
+                cross = CrossMemory(shared)
+                if cross.probe():
+                    self.cross = cross
+                else:
+                    cross.free()
 
     def free(self):
         if self.node is not None:
+            if self.cross is not None:
+                self.cross.free()
+                self.cross = None
             self.node.free()
             self.node = None
 
@@ -258,7 +410,10 @@ def shm_allreduce(ctx, src, dst, kernel):
         state = ctx.cache["shm"] = _ShmState(ctx)
     if state.error is not None:
         raise ValueError(state.error)
-    shm_allreduce_on(state.node, src, dst, kernel)
+    if state.cross is not None and dst.nbytes > _DOUBLE_LIMIT:
+        cma_allreduce_on(state.cross, src, dst, kernel)
+    else:
+        shm_allreduce_on(state.node, src, dst, kernel)
 
 
 def shm_cost(nranks, count, itemsize, alpha, beta, gamma):
