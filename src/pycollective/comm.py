@@ -68,6 +68,7 @@ import operator
 import queue
 import sys
 import threading
+import time
 
 import numpy as np
 from mpi4py import MPI
@@ -202,6 +203,8 @@ _NATIVE_ORDER = "<" if sys.byteorder == "little" else ">"
 
 def _datatype(spec):
     """The MPI datatype of a parsed spec (explicit, or from the buffer's format)."""
+    if spec.buf is not None and spec.buf is not MPI.BOTTOM and not _is_buffer(spec.buf):
+        raise TypeError(f"a bytes-like object is required, not {type(spec.buf).__name__!r}")
     if spec.type is not None:
         if isinstance(spec.type, MPI.Datatype):
             return spec.type
@@ -371,7 +374,7 @@ class Comm(MPI.Intracomm):
 
     def __repr__(self):
         algo = self._algorithm or "default"
-        return f"<pycollective.Comm algorithm={algo} of {MPI.Intracomm.__repr__(self)}>"
+        return f"<pycollective.Comm algorithm={algo} handle={MPI._handleof(self):#x}>"
 
     def _algo_kw(self):
         return {} if self._algorithm is None else {"algorithm": self._algorithm}
@@ -442,6 +445,9 @@ class Comm(MPI.Intracomm):
             engine.submit(job).Free()  # freed now, released by MPI once the helper completes it
             raise call.error
         get_kernel(call.opname, call.dst.dtype)  # compile on this thread, not the helper
+        if self.Get_size() == 1:
+            engine.run(job)  # nothing to wait for: a copy at most, done now
+            return engine.request(job)
         return engine.submit(job)
 
     # --- constructors return wrapped communicators ------------------------------
@@ -543,24 +549,35 @@ class _Engine:
                                        daemon=True)
         self.thread.start()
 
-    def submit(self, job):
-        job.greq = MPI.Grequest.Start(_query, _free, _cancel, args=(job,))
+    def request(self, job):
+        if job.greq is None:
+            job.greq = MPI.Grequest.Start(_query, _free, _cancel, args=(job,))
         request = Request(job.greq)
         request._job = job
+        return request
+
+    def submit(self, job):
+        request = self.request(job)
         self.queue.put(job)
         return request
+
+    def run(self, job):
+        """Run ``job`` on the calling thread and complete it."""
+        if job.greq is None:
+            job.greq = MPI.Grequest.Start(_query, _free, _cancel, args=(job,))
+        try:
+            allreduce(job.src, job.dst, job.opname, comm=self.comm, **job.algo_kw)
+        except BaseException as exc:  # noqa: BLE001  (re-raised by Wait)
+            job.error = exc
+        job.greq.Complete()
+        job.event.set()
 
     def _run(self):
         while True:
             job = self.queue.get()
             if job is None:
                 return
-            try:
-                allreduce(job.src, job.dst, job.opname, comm=self.comm, **job.algo_kw)
-            except BaseException as exc:  # noqa: BLE001  (re-raised by Wait)
-                job.error = exc
-            job.greq.Complete()
-            job.event.set()
+            self.run(job)
 
     def free(self):
         self.queue.put(None)
@@ -630,6 +647,10 @@ class Request(MPI.Request):
         if job is None:
             return MPI.Request.Test(self, status)
         if not job.event.is_set():
+            # Hand the GIL to the helper thread: a caller polling Test() in a
+            # tight Python loop would otherwise hold it for whole switch
+            # intervals (5 ms) while the helper waits to run its next step.
+            time.sleep(0)
             return False
         self._finish(status)
         return True

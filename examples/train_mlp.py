@@ -1,0 +1,405 @@
+"""Data-parallel training of a numpy MLP on scikit-learn's digits, in the mpi4py style.
+
+    scripts/run_mpi.sh 4 examples/train_mlp.py                      # pycollective, auto
+    scripts/run_mpi.sh 4 examples/train_mlp.py --allreduce native   # plain mpi4py
+    scripts/run_mpi.sh 4 examples/train_mlp.py --allreduce ring --compare
+
+The one line that picks the communicator is in :func:`make_comm`::
+
+    comm = MPI.COMM_WORLD if name == "native" else pycollective.Comm(MPI.COMM_WORLD, algorithm=name)
+
+Everything else is ordinary mpi4py code.  Each step, every rank takes its
+shard of the global batch (shards from ``pycollective.partition``), computes
+the gradient of (sum of its samples' losses) / (global batch size), and the
+gradients are summed with ``Allreduce``, so the result is exactly the
+gradient of the mean loss over the global batch, however the batch is split.
+
+What the script checks, after every step:
+* all ranks hold bitwise-identical parameters (a digest of every parameter
+  byte, gathered from all ranks; a mismatch stops the run);
+* the parameters track a single-process model trained on the same global
+  batches from the same seed (run on every rank alongside): the largest
+  difference, relative to the largest parameter, must stay below
+  ``--tolerance`` (default 1e-4 for float32, 1e-10 for float64; only the
+  order of the floating-point sums differs).
+
+``--compare`` then times three ways of reducing the same gradients on the
+same model: one allreduce per tensor, bucketed after the backward pass, and
+bucketed with each bucket started during the backward pass (overlap), and
+prints the speed-ups.
+"""
+
+import argparse
+import hashlib
+import os
+import sys
+import time
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")  # one BLAS thread per rank: ranks are the parallelism
+
+import numpy as np  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+import pycollective  # noqa: E402
+from pycollective import GradientBuckets, partition  # noqa: E402
+
+TOLERANCE = {"float32": 1e-4, "float64": 1e-10}
+
+
+def make_comm(name, base=None):
+    """The one-line swap: the native communicator or pycollective's drop-in."""
+    base = MPI.COMM_WORLD if base is None else base
+    return base if name == "native" else pycollective.Comm(base, algorithm=name)
+
+
+# --- data and model ----------------------------------------------------------------
+
+def load_data(dtype, seed=0, test_fraction=0.2):
+    """Digits (1797 8x8 images, bundled with scikit-learn), split the same way on every rank."""
+    from sklearn.datasets import load_digits
+    digits = load_digits()
+    x = (digits.data / 16.0).astype(dtype)
+    y = digits.target.astype(np.int64)
+    perm = np.random.default_rng(seed).permutation(len(y))
+    ntest = int(len(y) * test_fraction)
+    test, train = perm[:ntest], perm[ntest:]
+    return x[train], y[train], x[test], y[test]
+
+
+def init_params(sizes, dtype, seed):
+    """[W1, b1, W2, b2, ...] with He initialisation, identical on every rank."""
+    rng = np.random.default_rng(seed)
+    params = []
+    for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
+        params.append((rng.standard_normal((fan_in, fan_out)) * np.sqrt(2.0 / fan_in)).astype(dtype))
+        params.append(np.zeros(fan_out, dtype))
+    return params
+
+
+def forward(params, x):
+    """Activations (inputs of each layer) and pre-activations, then logits."""
+    acts, pres = [x], []
+    h = x
+    nlayers = len(params) // 2
+    for layer in range(nlayers):
+        z = h @ params[2 * layer] + params[2 * layer + 1]
+        pres.append(z)
+        h = np.maximum(z, 0) if layer < nlayers - 1 else z
+        if layer < nlayers - 1:
+            acts.append(h)
+    return acts, pres, h
+
+
+def loss_and_delta(logits, y, scale):
+    """Sum of cross-entropy losses, and d(scale * sum)/d(logits)."""
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    expz = np.exp(shifted)
+    total = expz.sum(axis=1, keepdims=True)
+    logp = shifted - np.log(total)
+    loss = -logp[np.arange(len(y)), y].sum()
+    delta = expz / total
+    delta[np.arange(len(y)), y] -= 1
+    return float(loss), delta * logits.dtype.type(scale)
+
+
+def backward(params, acts, pres, delta, grads, ready=None):
+    """Write gradients into ``grads`` (last layer first), calling ``ready(i)`` as each is done."""
+    nlayers = len(params) // 2
+    for layer in reversed(range(nlayers)):
+        w, b = 2 * layer, 2 * layer + 1
+        np.sum(delta, axis=0, out=grads[b])
+        if ready is not None:
+            ready(b)
+        np.matmul(acts[layer].T, delta, out=grads[w])
+        if ready is not None:
+            ready(w)
+        if layer:
+            delta = (delta @ params[w].T) * (pres[layer - 1] > 0)
+
+
+class Adam:
+    """Adam (Kingma and Ba); element-wise, so identical inputs give identical updates."""
+
+    def __init__(self, params, lr, beta1=0.9, beta2=0.999, eps=1e-8):
+        self.lr, self.b1, self.b2, self.eps, self.t = lr, beta1, beta2, eps, 0
+        self.m = [np.zeros_like(p) for p in params]
+        self.v = [np.zeros_like(p) for p in params]
+
+    def step(self, params, grads):
+        self.t += 1
+        c1, c2 = 1 - self.b1 ** self.t, 1 - self.b2 ** self.t
+        for p, g, m, v in zip(params, grads, self.m, self.v):
+            m *= self.b1
+            m += (1 - self.b1) * g
+            v *= self.b2
+            v += (1 - self.b2) * g * g
+            p -= (self.lr / c1) * m / (np.sqrt(v / c2) + self.eps)
+
+
+class SGD:
+    """Plain mini-batch SGD: p -= lr * g."""
+
+    def __init__(self, params, lr):
+        self.lr = lr
+
+    def step(self, params, grads):
+        for p, g in zip(params, grads):
+            p -= self.lr * g
+
+
+OPTIMIZERS = {"adam": Adam, "sgd": SGD}
+
+
+def accuracy(params, x, y):
+    return float((forward(params, x)[2].argmax(axis=1) == y).mean())
+
+
+def digest(params):
+    h = hashlib.blake2b(digest_size=16)
+    for p in params:
+        h.update(p.tobytes())
+    return h.digest()
+
+
+# --- one data-parallel step ---------------------------------------------------------
+
+def step(comm, params, opt, buckets, x, y, batch_size, mode):
+    """Forward, backward and reduction of one shard; returns (loss sum, compute s, comm s)."""
+    t0 = time.perf_counter()
+    acts, pres, logits = forward(params, x)
+    loss, delta = loss_and_delta(logits, y, 1.0 / batch_size)
+    t_comm = 0.0
+    if mode == "overlap":
+        def ready(i):
+            nonlocal t_comm
+            t = time.perf_counter()
+            buckets.ready(i)
+            t_comm += time.perf_counter() - t
+        backward(params, acts, pres, delta, buckets.grads, ready)
+    else:
+        backward(params, acts, pres, delta, buckets.grads)
+    t = time.perf_counter()
+    buckets.wait()
+    t_comm += time.perf_counter() - t
+    opt.step(params, buckets.grads)
+    return loss, time.perf_counter() - t0 - t_comm, t_comm
+
+
+def make_buckets(comm, params, mode, cap_bytes):
+    shapes = [p.shape for p in params]
+    if mode == "tensor":  # one allreduce per tensor: the unbucketed baseline
+        return GradientBuckets(shapes, comm, dtype=params[0].dtype, cap_bytes=0,
+                               overlap=False, average=False)
+    # average=False: each rank already divided by the global batch size, so
+    # the sum is the exact mean gradient whatever the shard sizes are.
+    return GradientBuckets(shapes, comm, dtype=params[0].dtype, cap_bytes=cap_bytes,
+                           overlap=(mode == "overlap"), average=False)
+
+
+def train(comm, *, epochs=10, batch_size=64, hidden=(64, 64), lr=0.01, optimizer="adam",
+          mode="overlap", cap_bytes=pycollective.bucketing.DEFAULT_CAP_BYTES,
+          dtype="float32", seed=0, reference=True, tolerance=None, out=None):
+    """Train on ``comm``; return a summary dict (checks raise RuntimeError on failure).
+
+    Args:
+        comm: the communicator (native or ``pycollective.Comm``).
+        epochs, batch_size, hidden, lr, optimizer, seed: the usual.
+        mode: "tensor", "bucket" or "overlap" (see the module docstring).
+        cap_bytes: bucket cap.
+        dtype: "float32" or "float64".
+        reference: also train the single-process model and compare every step.
+        tolerance: largest allowed relative difference from the reference.
+        out: a file to print per-epoch lines to (rank 0 only), or None.
+
+    Returns:
+        dict with ``history`` (per epoch: loss, test accuracy, compute s,
+        comm s), ``accuracy``, ``max_deviation``, ``steps``.
+
+    Raises:
+        RuntimeError: parameters differ between ranks, or drift from the
+            single-process reference beyond ``tolerance``.
+    """
+    rank, size = comm.Get_rank(), comm.Get_size()
+    tolerance = TOLERANCE[dtype] if tolerance is None else tolerance
+    xtr, ytr, xte, yte = load_data(dtype)
+    sizes = [xtr.shape[1], *hidden, 10]
+    params = init_params(sizes, dtype, seed)
+    opt = OPTIMIZERS[optimizer](params, lr)
+    buckets = make_buckets(comm, params, mode, cap_bytes)
+    if reference:
+        ref_params = init_params(sizes, dtype, seed)
+        ref_opt = OPTIMIZERS[optimizer](ref_params, lr)
+        ref_grads = [np.empty_like(p) for p in ref_params]
+    order_rng = np.random.default_rng(seed + 1)
+    nbatches = len(ytr) // batch_size
+    offset, length = partition(batch_size, size, rank)
+    history, max_dev, steps = [], 0.0, 0
+    if out is not None and rank == 0:
+        print(f"# {size} rank(s), allreduce={_label(comm)}, mode={mode}, {buckets.nbuckets} "
+              f"bucket(s), model {sizes}, {optimizer} lr={lr}, global batch {batch_size}, "
+              f"{dtype}, tolerance vs single process {tolerance:g}", file=out)
+        print(f"{'epoch':>5} {'loss':>8} {'test acc':>8} {'compute s':>9} {'comm s':>8} "
+              f"{'max rel dev':>11}", file=out)
+    # Warm-up, not timed: a communicator's first reduction creates the
+    # library's private communicators (and helper thread) and compiles kernels.
+    for g in buckets.grads:
+        g[...] = 0
+    buckets.wait()
+    for epoch in range(epochs):
+        perm = order_rng.permutation(len(ytr))  # same on every rank: same seed
+        loss_sum, t_compute, t_comm = 0.0, 0.0, 0.0
+        for b in range(nbatches):
+            batch = perm[b * batch_size:(b + 1) * batch_size]
+            mine = batch[offset:offset + length]
+            loss, tc, tm = step(comm, params, opt, buckets, xtr[mine], ytr[mine], batch_size, mode)
+            loss_sum += loss
+            t_compute += tc
+            t_comm += tm
+            steps += 1
+            # Check, not assume: every rank holds the very same bytes.
+            digests = comm.allgather(digest(params))
+            if any(d != digests[0] for d in digests):
+                bad = [r for r, d in enumerate(digests) if d != digests[0]]
+                raise RuntimeError(f"step {steps}: parameters differ on ranks {bad} from rank 0")
+            if reference:
+                acts, pres, logits = forward(ref_params, xtr[batch])
+                _, delta = loss_and_delta(logits, ytr[batch], 1.0 / batch_size)
+                backward(ref_params, acts, pres, delta, ref_grads)
+                ref_opt.step(ref_params, ref_grads)
+                scale = max(float(np.abs(p).max()) for p in ref_params)
+                dev = max(float(np.abs(p - q).max()) for p, q in zip(params, ref_params)) / scale
+                max_dev = max(max_dev, dev)
+                if dev > tolerance:
+                    raise RuntimeError(f"step {steps}: parameters are {dev:.3g} (relative) away "
+                                       f"from single-process training, above {tolerance:g}")
+        loss_mean = comm.allreduce(loss_sum) / (nbatches * batch_size)
+        acc = accuracy(params, xte, yte)
+        t_compute = comm.allreduce(t_compute, op=MPI.MAX)
+        t_comm = comm.allreduce(t_comm, op=MPI.MAX)
+        history.append(dict(epoch=epoch + 1, loss=loss_mean, accuracy=acc,
+                            compute=t_compute, comm=t_comm))
+        if out is not None and rank == 0:
+            dev_text = f"{max_dev:11.2e}" if reference else f"{'-':>11}"
+            print(f"{epoch + 1:5d} {loss_mean:8.4f} {acc:8.4f} {t_compute:9.3f} {t_comm:8.3f} "
+                  f"{dev_text}", file=out)
+    return dict(history=history, accuracy=history[-1]["accuracy"] if history else None,
+                max_deviation=max_dev, steps=steps, nbuckets=buckets.nbuckets)
+
+
+def _label(comm):
+    if isinstance(comm, pycollective.Comm):
+        return comm.algorithm or "default"
+    return "native"
+
+
+# --- bucketing and overlap comparison ---------------------------------------------------
+
+def compare(comm, *, steps=50, batch_size=64, hidden=(64, 64), dtype="float32", cap_bytes=None,
+            seed=0, repeats=3):
+    """Time one step in the three reduction modes; returns {mode: median seconds per step}.
+
+    The same model, data and number of steps for each mode, interleaved over
+    ``repeats`` rounds; each time is the slowest rank's.  ``cap_bytes=None``
+    sizes buckets to the largest tensor, so that there is one bucket per
+    layer or so and overlap has something to overlap.
+    """
+    xtr, ytr, _, _ = load_data(dtype)
+    sizes = [xtr.shape[1], *hidden, 10]
+    base = init_params(sizes, dtype, seed)
+    if cap_bytes is None:
+        cap_bytes = max(p.nbytes for p in base)
+    rank, size = comm.Get_rank(), comm.Get_size()
+    offset, length = partition(batch_size, size, rank)
+    rng = np.random.default_rng(seed)
+    batches = [rng.choice(len(ytr), batch_size, replace=False)[offset:offset + length]
+               for _ in range(steps)]
+    times = {m: [] for m in ("tensor", "bucket", "overlap")}
+    nb = {}
+    for _ in range(repeats):
+        for mode in times:
+            params = [p.copy() for p in base]
+            opt = Adam(params, 1e-3)
+            buckets = make_buckets(comm, params, mode, cap_bytes)
+            nb[mode] = buckets.nbuckets
+            step(comm, params, opt, buckets, xtr[batches[0]], ytr[batches[0]], batch_size, mode)
+            comm.Barrier()
+            t0 = time.perf_counter()
+            for idx in batches:
+                step(comm, params, opt, buckets, xtr[idx], ytr[idx], batch_size, mode)
+            elapsed = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+            times[mode].append(elapsed / steps)
+    return {m: float(np.median(t)) for m, t in times.items()}, nb, cap_bytes
+
+
+# --- command line -------------------------------------------------------------------------
+
+def parse_args(argv=None):
+    choices = ["native", *pycollective.algorithms()]
+    if "auto" not in choices:
+        choices.append("auto")
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--allreduce", default="auto", choices=choices,
+                   help="native: MPI.COMM_WORLD itself; otherwise pycollective.Comm with this algorithm")
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--batch-size", type=int, default=64, help="global batch, split over the ranks")
+    p.add_argument("--hidden", default="64,64", help="hidden layer widths")
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="adam")
+    p.add_argument("--mode", choices=["tensor", "bucket", "overlap"], default="overlap",
+                   help="one allreduce per tensor / per bucket after backward / per bucket during backward")
+    p.add_argument("--bucket-mb", type=float, default=25.0, help="bucket cap in MiB (DDP's default)")
+    p.add_argument("--dtype", choices=sorted(TOLERANCE), default="float32")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-reference", action="store_true",
+                   help="skip the single-process reference model and its comparison")
+    p.add_argument("--tolerance", type=float, default=None,
+                   help="allowed relative difference from single-process training "
+                        "(default: 1e-4 float32, 1e-10 float64)")
+    p.add_argument("--compare", action="store_true",
+                   help="also time per-tensor vs bucketed vs overlapped reduction")
+    p.add_argument("--compare-steps", type=int, default=50)
+    p.add_argument("--compare-hidden", default=None,
+                   help="hidden widths for --compare (default: --hidden)")
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    comm = make_comm(args.allreduce)
+    hidden = tuple(int(h) for h in args.hidden.split(",") if h)
+    out = sys.stdout if comm.Get_rank() == 0 else None
+    result = train(comm, epochs=args.epochs, batch_size=args.batch_size, hidden=hidden,
+                   lr=args.lr, optimizer=args.optimizer, mode=args.mode,
+                   cap_bytes=int(args.bucket_mb * 2 ** 20), dtype=args.dtype, seed=args.seed,
+                   reference=not args.no_reference, tolerance=args.tolerance, out=out)
+    if out:
+        h = result["history"]
+        comp, comm_s = sum(e["compute"] for e in h), sum(e["comm"] for e in h)
+        print(f"final test accuracy {result['accuracy']:.4f}; {result['steps']} steps; "
+              f"parameters bitwise identical on all {comm.Get_size()} rank(s) after every step; "
+              + (f"max relative deviation from single-process training {result['max_deviation']:.2e}; "
+                 if not args.no_reference else "")
+              + f"time: compute {comp:.3f} s, communication {comm_s:.3f} s", file=out)
+    if args.compare:
+        chidden = tuple(int(h) for h in (args.compare_hidden or args.hidden).split(",") if h)
+        times, nb, cap = compare(comm, steps=args.compare_steps, batch_size=args.batch_size,
+                                 hidden=chidden, dtype=args.dtype)
+        if out:
+            print(f"# compare: model [64, {', '.join(map(str, chidden))}, 10], "
+                  f"{args.compare_steps} steps x 3 rounds, median per step (slowest rank), "
+                  f"bucket cap {cap / 2 ** 10:.0f} KiB", file=out)
+            for mode, label in (("tensor", "one allreduce per tensor"),
+                                ("bucket", "buckets after backward"),
+                                ("overlap", "buckets during backward")):
+                print(f"{label:26s} {nb[mode]:2d} allreduce(s)/step {times[mode] * 1e3:9.3f} ms",
+                      file=out)
+            print(f"speed-up of bucketing over per-tensor: {times['tensor'] / times['bucket']:.2f}x; "
+                  f"of overlap over waiting for the whole backward: "
+                  f"{times['bucket'] / times['overlap']:.2f}x", file=out)
+    return result
+
+
+if __name__ == "__main__":
+    main()
