@@ -23,6 +23,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _registry, algorithms  # noqa: F401  (registers the algorithms)
+from . import _context
 from . import model as _model
 from ._context import get_context
 from ._kernels import OPS, get_kernel, resolve_op
@@ -118,12 +119,23 @@ def _agree(ctx, what, error, facts):
     of ``[error rank, f1, -f1, f2, -f2, ...]`` gives both the largest and the
     smallest value of each fact; they differ iff the ranks disagree.
     """
+    values = _fact_values(ctx.rank, error, facts)
+    ctx.comm.Allreduce(MPI.IN_PLACE, values, op=MPI.MAX)
+    _verdict(ctx, what, error, facts, values)
+
+
+def _fact_values(rank, error, facts):
+    """This rank's contribution to the agreement ``MAX``-allreduce."""
     values = np.full(1 + 2 * _MAX_FACTS, np.iinfo(np.int64).min, np.int64)
-    values[0] = ctx.rank if error is not None else -1
+    values[0] = rank if error is not None else -1
     if error is None:
         for i, (_, v) in enumerate(facts):
             values[1 + 2 * i], values[2 + 2 * i] = v, -v
-    ctx.comm.Allreduce(MPI.IN_PLACE, values, op=MPI.MAX)
+    return values
+
+
+def _verdict(ctx, what, error, facts, values):
+    """Raise (the same on every rank) what the reduced ``values`` say is wrong."""
     bad = int(values[0])
     if bad >= 0:
         info = (type(error).__name__, str(error)) if error is not None else None
@@ -138,8 +150,11 @@ def _agree(ctx, what, error, facts):
                              f"(values from {lo} to {hi} across ranks)")
 
 
-def _prepare(what, comm, local):
-    """Run local checks, then agreement; return (ctx, plan)."""
+def _prepare(what, comm, local, keep=None):
+    """Run local checks, then agreement; return (ctx, plan).
+
+    ``keep``, a list, receives the agreed facts (for the fast path).
+    """
     comm = _resolve_comm(comm)
     plan, facts, error = None, None, None
     try:
@@ -147,6 +162,8 @@ def _prepare(what, comm, local):
         facts = plan.pop("facts")
     except (TypeError, ValueError) as exc:
         error = exc
+    if keep is not None:
+        keep.append(facts)
     if comm.Get_size() == 1 or not _check_enabled:
         if error is not None:
             raise error
@@ -154,6 +171,77 @@ def _prepare(what, comm, local):
     ctx = get_context(comm)
     _agree(ctx, what, error, facts)
     return ctx, plan
+
+
+# --- the repeated-call fast path ----------------------------------------------
+#
+# A training loop calls allreduce with the same (algorithm, op, dtype, count)
+# on the same communicator every step.  Once a call of that shape has passed
+# every check, its algorithm, kernel and agreement vector are kept in the
+# context (``ctx.cache[_FAST]``), and a later call of the same shape only
+# re-checks what can change between calls: the buffers themselves (plain
+# C-contiguous numpy arrays, writable recvbuf, same dtype and size, no
+# partial overlap).  Anything else goes the full way.  Agreement still runs
+# (same vector, one small Allreduce); when the reduced vector is not what
+# agreeing ranks produce, the full verdict raises the same error as before.
+
+_FAST = "_api.allreduce.fast"
+_FAST_LIMIT = 1024
+
+
+def _op_key(op):
+    if type(op) is str:
+        return op
+    if type(op) is MPI.Op:
+        return op.handle
+    return None
+
+
+def _fast_plan(sendbuf, recvbuf, op, comm, algorithm):
+    """(ctx, entry, src, dst) when this call has the shape of an earlier good one, else None."""
+    if comm is None:
+        comm = MPI.COMM_WORLD
+    elif type(comm) is not MPI.Intracomm:
+        return None
+    keyval = _context._KEYVAL
+    if keyval is None or type(recvbuf) is not np.ndarray:
+        return None
+    try:
+        ctx = comm.Get_attr(keyval)
+    except MPI.Exception:  # e.g. a freed communicator: the full path says so
+        return None
+    if ctx is None:
+        return None
+    memo = ctx.cache.get(_FAST)
+    if memo is None:
+        return None
+    entry = memo.get((algorithm, _op_key(op), recvbuf.dtype, recvbuf.size))
+    if entry is None or (entry[5] is not None and ctx.cache.get("model.auto") is not entry[5]):
+        return None
+    flags = recvbuf.flags
+    if not (flags.c_contiguous and flags.writeable):
+        return None
+    dst = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)
+    if sendbuf is MPI.IN_PLACE or sendbuf is recvbuf:
+        return ctx, entry, dst, dst
+    if (type(sendbuf) is not np.ndarray or not sendbuf.flags.c_contiguous
+            or sendbuf.dtype != recvbuf.dtype or sendbuf.size != recvbuf.size
+            or np.may_share_memory(sendbuf, recvbuf)):
+        return None
+    return ctx, entry, (sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1)), dst
+
+
+def _remember(ctx, algorithm, op, plan, facts):
+    key = _op_key(op)
+    if key is None:
+        return
+    memo = ctx.cache.get(_FAST)
+    if memo is None or len(memo) >= _FAST_LIMIT:
+        memo = ctx.cache[_FAST] = {}
+    template = _fact_values(ctx.rank, None, facts)
+    auto = ctx.cache.get("model.auto") if algorithm == "auto" else None
+    memo[(algorithm, key, plan["dst"].dtype, plan["dst"].size)] = (
+        plan["algo"], plan["kernel"], template, template.tobytes(), facts, auto)
 
 
 # --- collectives --------------------------------------------------------------
@@ -184,6 +272,17 @@ def allreduce(sendbuf, recvbuf, op=MPI.SUM, *, comm=None, algorithm="auto"):
             partially overlapping buffers, unknown op or algorithm, or
             (with agreement on) arguments that differ across ranks.
     """
+    fast = _fast_plan(sendbuf, recvbuf, op, comm, algorithm)
+    if fast is not None:
+        ctx, (algo, kernel, template, agreed, facts, _), src, dst = fast
+        if _check_enabled:
+            values = template.copy()
+            ctx.comm.Allreduce(MPI.IN_PLACE, values, op=MPI.MAX)
+            if values.tobytes() != agreed:
+                _verdict(ctx, "allreduce", None, facts, values)
+        algo.run(ctx, src, dst, kernel)
+        return recvbuf
+
     def local():
         # First, whatever the algorithm: on a communicator's first call this
         # broadcasts rank 0's cost model, a collective that every rank must
@@ -202,7 +301,8 @@ def allreduce(sendbuf, recvbuf, op=MPI.SUM, *, comm=None, algorithm="auto"):
                  ("op", OPS.index(opname)), ("algorithm", _registry.index(algo.name)))
         return dict(algo=algo, src=src, dst=dst, kernel=kernel, facts=facts)
 
-    ctx, plan = _prepare("allreduce", comm, local)
+    facts = []
+    ctx, plan = _prepare("allreduce", comm, local, facts)
     src, dst = plan["src"], plan["dst"]
     if dst.size == 0:
         return recvbuf
@@ -210,6 +310,7 @@ def allreduce(sendbuf, recvbuf, op=MPI.SUM, *, comm=None, algorithm="auto"):
         if src is not dst:
             dst[...] = src
         return recvbuf
+    _remember(ctx, algorithm, op, plan, facts[0])
     plan["algo"].run(ctx, src, dst, plan["kernel"])
     return recvbuf
 
