@@ -64,6 +64,7 @@ _BLOCK_BYTES = 128 << 10      # reduction block: N inputs + output stay in a 2 M
 _REPLICATE_BYTES = 4 << 10    # up to this, every rank reduces the whole vector
 _DOUBLE_LIMIT = 1 << 20       # up to this, alternate two regions (no trailing sync)
 _ALIGN = 4096
+_CMA_STAGE_BYTES = 4 << 20    # single-copy path: bytes read from the others per block (measured)
 
 
 def _round_capacity(nbytes):
@@ -299,8 +300,9 @@ class CrossMemory:
     ranks take the same path.
     """
 
-    def __init__(self, comm):
-        self.comm = comm
+    def __init__(self, node):
+        self.node = node  # its flag barrier is our sync
+        comm = self.comm = node.comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.win = MPI.Win.Allocate_shared(64, 1, comm=comm)
         self.win.Lock_all(MPI.MODE_NOCHECK)
@@ -314,7 +316,7 @@ class CrossMemory:
 
     def sync(self):
         self.win.Sync()
-        self.comm.Barrier()
+        self.node.sync()
         self.win.Sync()
 
     def publish(self, src, dst):
@@ -371,8 +373,9 @@ def cma_allreduce_on(cross, src, dst, kernel):
     srcs = [int(headers[q][1]) for q in range(n)]
     dsts = [int(headers[q][2]) for q in range(n)]
     lo, hi = bounds[r], bounds[r + 1]
-    # Blocks sized so the N-1 staged blocks stay in a 2 MB L2 with the output.
-    block_bytes = min(_BLOCK_BYTES, max(16 << 10, (1 << 20) // n))
+    # Fewer, larger reads cost less pinning per byte; the N-1 staged blocks
+    # together stay around _CMA_STAGE_BYTES so they are still in cache.
+    block_bytes = max(16 << 10, _CMA_STAGE_BYTES // (n - 1))
     block = max(1, block_bytes // itemsize)
     tmp = cross.scratch(n * block * itemsize)
     staged = [tmp[i * block * itemsize:(i + 1) * block * itemsize].view(dst.dtype)
@@ -427,7 +430,7 @@ class _ShmState:
                 "0", "false", "no", "off")
             # Same on all ranks: the wish is agreed, and so is the probe.
             if ctx.comm.allreduce(wanted, op=MPI.LAND):
-                cross = CrossMemory(shared)
+                cross = CrossMemory(self.node)
                 if cross.probe():
                     self.cross = cross
                 else:
