@@ -376,37 +376,39 @@ def test_two_regime_fit_takes_beta_from_large_messages():
     assert model.fit_two_regimes(sizes[:6], times[:6]) == fit_alpha_beta(sizes[:6], times[:6])
 
 
-def test_fit_corrections_recovers_known_factors():
+def test_fit_corrections_gives_measured_over_model_ratios():
     a, b, g, o, N = 3e-6, 2e-10, 1e-10, 20e-6, 4
     counts = [4 ** k for k in range(11)]
-    factors = {"ring": (2.0, 1.5), "butterfly": (1.0, 0.7), "ps": (0.5, 3.0)}
-    times = {}
-    for name, (lam, mu) in factors.items():
-        times[name] = [[c, o + lam * predict(name, N, c, alpha=a, beta=0)
-                        + mu * predict(name, N, c, alpha=0, beta=b, gamma=g)] for c in counts]
+    ratio = {"ring": lambda c: 2.0, "butterfly": lambda c: 1.0 + math.log(c + 1)}
+    times = {name: [[c, o + r(c) * predict(name, N, c, alpha=a, beta=b, gamma=g)]
+                    for c in counts] for name, r in ratio.items()}
     fitted = model.fit_corrections(N, {"overhead": o, "times": times},
                                    dict(alpha=a, beta=b, gamma=g))
-    for name, (lam, mu) in factors.items():
-        assert fitted[name]["latency"] == pytest.approx(lam, rel=1e-6)
-        assert fitted[name]["bandwidth"] == pytest.approx(mu, rel=1e-6)
-        assert fitted[name]["residual"] < 1e-9
+    assert set(fitted) == set(ratio)
+    for name, r in ratio.items():
+        assert [x for x, _ in fitted[name]] == [4 * c for c in counts]  # bytes of float32
+        assert [y for _, y in fitted[name]] == pytest.approx([r(c) for c in counts])
 
 
-def test_explain_and_choose_use_the_calibrated_factors(tmp_path):
-    # Measured: ring's messages cost 10x the model's; butterfly's bytes 10x.
+def test_explain_and_choose_use_the_measured_ratios(tmp_path):
+    # Measured: ring 10x slower than the model at every size; butterfly 10x
+    # slower from 4 MB on, exact below 4 KB, log-linear between.
     entry = dict(nranks=4, alpha=5e-6, beta=1e-10, gamma=1e-10, overhead=3e-5,
-                 corrections={"ring": {"latency": 10.0, "bandwidth": 1.0},
-                              "butterfly": {"latency": 1.0, "bandwidth": 10.0}})
+                 corrections={"ring": [[4, 10.0], [1 << 24, 10.0]],
+                              "butterfly": [[4096, 1.0], [1 << 22, 10.0]]})
     params = model.load_params(model.save_params(model.merge_calibration(None, entry),
                                                  tmp_path / "c.json"))
-    t = model.explain(4, 10 ** 6, "float32", params)
-    raw = predict("ring", 4, 10 ** 6, alpha=5e-6, beta=1e-10, gamma=1e-10)
-    lat = predict("ring", 4, 10 ** 6, alpha=5e-6, beta=0)
-    assert t["ring"] == pytest.approx(3e-5 + raw + 9 * lat)
-    assert t["tree"] == pytest.approx(3e-5 + predict("tree", 4, 10 ** 6, alpha=5e-6, beta=1e-10,
-                                                     gamma=1e-10))
-    assert choose(4, 10 ** 6, "float32", "sum", params) == min(t, key=t.get)
-    assert list(t) == [a for a in ALGOS]
+    kw = dict(alpha=5e-6, beta=1e-10, gamma=1e-10)
+    for M in (1, 1000, 10 ** 6, 10 ** 8):
+        t = model.explain(4, M, "float32", params)
+        assert t["ring"] == pytest.approx(3e-5 + 10 * predict("ring", 4, M, **kw))
+        assert t["tree"] == pytest.approx(3e-5 + predict("tree", 4, M, **kw))
+        assert choose(4, M, "float32", "sum", params) == min(t, key=t.get)
+        assert list(t) == ALGOS
+    mid = model.explain(4, 1 << 15, "float32", params)["butterfly"]  # 128 KiB: halfway in log
+    assert mid == pytest.approx(3e-5 + 5.5 * predict("butterfly", 4, 1 << 15, **kw))
+    assert model.explain(4, 1, "float32", params)["butterfly"] == pytest.approx(
+        3e-5 + predict("butterfly", 4, 1, **kw))
 
 
 def test_per_size_curves_set_beta_and_gamma_by_vector_size():

@@ -42,7 +42,9 @@ def test_calibrate_gives_the_same_parameters_on_every_rank():
     assert set(entry["corrections"]) == set(pycollective.algorithms())
     for name, rows in entry["algorithms"]["times"].items():
         assert [c for c, _ in rows] == [1, 7, 300] and all(t > 0 for _, t in rows), name
-        assert _same_everywhere(comm, entry["corrections"][name]["bandwidth"])
+        curve = entry["corrections"][name]
+        assert [b for b, _ in curve] == [4, 28, 1200] and all(r >= 0 for _, r in curve), name
+        assert _same_everywhere(comm, curve)
 
 
 @pytest.mark.mpi(min_size=2)

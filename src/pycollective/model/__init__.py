@@ -353,13 +353,15 @@ def params_for(params, nranks):
                                             for e in entries])
         if curve:
             out["gamma_curves"][dt] = curve
-    # Factors of an algorithm missing at some calibrated N (registered since) count as 1.
+    # An algorithm missing at some calibrated N (registered since) is taken
+    # from the nearest N that has it (no ratio at all: the bare model).
     names = set().union(*(set(e.get("corrections") or {}) for e in entries))
-    out["corrections"] = {
-        name: {key: _interp(nranks, ns, [(e.get("corrections") or {}).get(name, {}).get(key, 1.0)
-                                         for e in entries])
-               for key in ("latency", "bandwidth")}
-        for name in names}
+    out["corrections"] = {}
+    for name in names:
+        curve = _interp_curves(nranks, ns, [(e.get("corrections") or {}).get(name)
+                                            for e in entries])
+        if curve:
+            out["corrections"][name] = curve
     return out
 
 
@@ -390,8 +392,8 @@ def _gamma(flat, dtype):
     return flat["gamma_by_dtype"].get(dtype.name, flat["gamma"])
 
 
-# A fitted factor below this is noise (a latency part lost in the per-call
-# overhead, say), not evidence that an algorithm's messages are free.
+# A measured/model ratio below this is noise (an algorithm's time lost in
+# the per-call overhead, say), not evidence that its messages are free.
 _MIN_FACTOR = 0.1
 
 
@@ -419,9 +421,8 @@ def _calibrated(cost, name, nranks, count, dtype, flat):
     if count == 0 or nranks == 1:
         return 0.0
     lat, dat = _parts(cost, nranks, count, dtype, flat)
-    c = flat["corrections"].get(name) or {}
-    return (flat["overhead"] + max(c.get("latency", 1.0), _MIN_FACTOR) * lat
-            + max(c.get("bandwidth", 1.0), _MIN_FACTOR) * dat)
+    ratio = _at(flat["corrections"].get(name), count * dtype.itemsize, 1.0)
+    return flat["overhead"] + max(ratio, _MIN_FACTOR) * (lat + dat)
 
 
 def _all_calibrated(nranks, count, dtype, flat):
@@ -446,7 +447,7 @@ def explain(nranks, count, dtype="float32", params=None):
     """What ``algorithm="auto"`` believes: every algorithm's calibrated prediction.
 
     The calibrated prediction is the α-β-γ cost with this N's parameters,
-    each algorithm's fitted factors (:func:`fit_corrections`) and the
+    each algorithm's measured/model ratio (:func:`fit_corrections`) and the
     per-call overhead; without a calibration it is :func:`predict` with
     :data:`DEFAULTS`.
 
@@ -639,15 +640,14 @@ def fit_two_regimes(sizes, times, small=SMALL_BYTES, large=LARGE_BYTES):
 
 
 def fit_corrections(nranks, measured, params, dtype="float32"):
-    """Per-algorithm factors that make the α-β-γ model match measured allreduces.
+    """Measured ÷ modelled time of every algorithm at every measured size.
 
-    For each algorithm, its cost splits into a latency part
-    L = cost(α, 0, 0) and a data part D = cost(0, β, γ) (β and γ taken at
-    the vector's size when ``params`` has per-size curves); the measured
-    times are fitted as ``overhead + latency·L + bandwidth·D`` (non-negative
-    least squares on relative error), ``overhead`` being the per-call time
-    that does not depend on the algorithm.  Factors of 1 mean the model was
-    right; the README lists what they show about this machine.
+    The α-β-γ cost (with this N's α and the per-size β, γ) is what the
+    model says; an allreduce measured at the same size, minus the per-call
+    ``overhead`` every algorithm pays, is what happened.  Their ratio per
+    algorithm and size is where the model misses on this machine (1 means
+    it was right); :func:`choose` multiplies the model by it, interpolated
+    in log(bytes) between measured sizes and held constant beyond them.
 
     Args:
         nranks: N of the measurements.
@@ -657,8 +657,8 @@ def fit_corrections(nranks, measured, params, dtype="float32"):
         dtype: dtype of the measurements.
 
     Returns:
-        ``{name: {"latency": λ, "bandwidth": μ, "residual": rms relative}}``
-        for every measured algorithm that has a cost model.
+        ``{name: [[bytes, ratio], ...]}`` for every measured algorithm that
+        has a cost model, sizes ascending.
     """
     flat = params_for({k: v for k, v in params.items() if k != "by_nranks"}, nranks)
     dtype = np.dtype(dtype)
@@ -669,12 +669,22 @@ def fit_corrections(nranks, measured, params, dtype="float32"):
             cost = _cost(name)
         except ValueError:
             continue
-        t = np.array([x for _, x in rows], float)
-        parts = [_parts(cost, nranks, int(c), dtype, flat) for c, _ in rows]
-        (lam, mu), res = _fit_relative([[p[0] for p in parts], [p[1] for p in parts]], t,
-                                       offset=o)
-        out[name] = {"latency": float(lam), "bandwidth": float(mu), "residual": res}
+        curve = []
+        for count, t in sorted(rows):
+            count = int(count)
+            if count == 0:
+                continue
+            model_t = sum(_parts(cost, nranks, count, dtype, flat))
+            curve.append([count * dtype.itemsize, max(t - o, 0.0) / model_t if model_t else 1.0])
+        out[name] = curve
     return out
+
+
+def _bytes_label(n):
+    for unit, size in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return f"{n}B"
 
 
 CURVE_MIN_BYTES = 1 << 14  # below this the per-byte part is too small to measure
@@ -762,24 +772,28 @@ def measure_algorithms(comm, counts, *, dtype="float32", reps=5, names=None, bud
         one = sample(fn, 1)
         return max(1, min(1000, int(budget / max(one, 1e-7))))
 
-    empty = np.empty(0, dtype)
-    call0 = lambda: allreduce(empty, empty.copy(), comm=comm, algorithm=names[0])  # noqa: E731
-    inner0 = loops(call0)
-    overhead = _typical([sample(call0, inner0) for _ in range(reps)])
+    empty, empty_out = np.empty(0, dtype), np.empty(0, dtype)
     times = {name: [] for name in names}
+    overhead = None
     for count in counts:
         x = ((np.arange(count) % 251) + rank).astype(dtype)
         out = np.empty_like(x)
         calls = {name: (lambda name=name: allreduce(x, out, comm=comm, algorithm=name))
                  for name in names}
+        if overhead is None:  # take turns with the first count's calls
+            calls[None] = lambda: allreduce(empty, empty_out, comm=comm, algorithm=names[0])
         inner = {name: loops(fn) for name, fn in calls.items()}
-        samples = {name: [] for name in names}
+        samples = {name: [] for name in calls}
         for _ in range(reps):
-            for name in names:
-                samples[name].append(sample(calls[name], inner[name]))
+            for name, fn in calls.items():
+                samples[name].append(sample(fn, inner[name]))
+        if overhead is None:
+            # Every call pays it, so it cannot exceed the fastest first-count call.
+            overhead = min(_typical(samples.pop(None)),
+                           min(_typical(v) for v in samples.values()))
         for name in names:
             times[name].append([int(count), _typical(samples[name])])
-    return {"overhead": overhead, "times": times}
+    return {"overhead": overhead or 0.0, "times": times}
 
 
 ALGORITHM_COUNTS = tuple(4 ** k for k in range(12))  # 1 .. 4194304 elements
@@ -787,7 +801,7 @@ ALGORITHM_COUNTS = tuple(4 ** k for k in range(12))  # 1 .. 4194304 elements
 
 def calibrate(comm=None, *, min_bytes=4, max_bytes=1 << 26, factor=4, reps=7,
               dtypes=CALIBRATED_DTYPES, counts=ALGORITHM_COUNTS, log=None):
-    """Measure α, β, γ and the per-algorithm factors on ``comm`` (collective).
+    """Measure α, β, γ and each algorithm's measured/model ratios on ``comm`` (collective).
 
     α and β come from ring exchanges of n bytes (every rank ``Sendrecv``s to
     its right neighbour and from its left one at the same time, through the
@@ -795,7 +809,7 @@ def calibrate(comm=None, *, min_bytes=4, max_bytes=1 << 26, factor=4, reps=7,
     on those from 1 MiB (:func:`fit_two_regimes`).  γ for each dtype is the
     slope of its ``sum`` kernel's time, run on every rank at once, over the
     same large sizes.  Then every registered algorithm is timed at ``counts``
-    float32 elements (:func:`measure_algorithms`) and its factors fitted
+    float32 elements (:func:`measure_algorithms`) and compared with the model
     (:func:`fit_corrections`).  Times are the slowest rank's, lower quartiles
     of ``reps`` repetitions (other processes only ever add time).
 
@@ -806,13 +820,15 @@ def calibrate(comm=None, *, min_bytes=4, max_bytes=1 << 26, factor=4, reps=7,
         reps: timed repetitions per size (after a warm-up).
         dtypes: dtypes whose γ to measure; the first one gives ``gamma``.
         counts: element counts at which to time the algorithms (at least
-            two), or empty to skip that step (the factors then stay 1).
+            two), or empty to skip that step (then the bare model is used).
         log: callable receiving progress lines (on rank 0), or None.
 
     Returns:
         The calibration of this N as a dict: ``nranks``, ``alpha``, ``beta``,
         ``gamma``, ``gamma_by_dtype``, ``residual`` (RMS relative error of the
-        α-β fit over all sizes), ``overhead``, ``corrections``, the raw
+        α-β fit over all sizes), ``beta_curve`` and ``gamma_curves`` (per-byte
+        time by size), ``overhead``, ``corrections`` (measured/model ratios
+        per algorithm and size, :func:`fit_corrections`), the raw
         ``exchange``, ``kernel`` and ``algorithms`` measurements, and a
         description of the machine and MPI library.
 
@@ -832,22 +848,25 @@ def calibrate(comm=None, *, min_bytes=4, max_bytes=1 << 26, factor=4, reps=7,
     if len([n for n in _sizes(min_bytes, max_bytes, factor) if n >= 16]) < 2:
         raise ValueError("the size range must hold at least two sizes of 16 bytes or more")
     if len(counts) == 1:
-        raise ValueError("give at least two counts to fit the algorithms' factors, or none")
+        raise ValueError("give at least two counts to compare the algorithms with, or none")
     say = log if (log is not None and rank == 0) else (lambda line: None)
     comm = comm.Dup()  # our messages never meet the caller's
     try:
         right, left = (rank + 1) % size, (rank - 1) % size
         sizes = _sizes(min_bytes, max_bytes, factor)
-        sbuf = np.arange(max_bytes, dtype=np.uint8)
-        rbuf = np.empty(max_bytes, np.uint8)
         exchange = []
         for n in sizes:
-            def body(n=n):
-                sendrecv(comm, sbuf[:n], right, rbuf[:n], left, 7)
+            # Fresh arrays of exactly n bytes, as an allreduce's buffers are:
+            # slices of one huge (huge-page backed) buffer move 2x faster here.
+            sbuf = (np.arange(n) % 251).astype(np.uint8)
+            rbuf = np.empty(n, np.uint8)
+
+            def body(sbuf=sbuf, rbuf=rbuf):
+                sendrecv(comm, sbuf, right, rbuf, left, 7)
             t = _timed(comm, body, _steps(n), reps)
             exchange.append([n, t])
             say(f"  exchange {n:>10d} B  {t * 1e6:12.2f} us")
-        del sbuf, rbuf
+            del sbuf, rbuf
         alpha, beta, residual = fit_two_regimes(*zip(*exchange))
         beta_curve = _curve(exchange, alpha)
         say(f"  alpha = {alpha * 1e6:.3f} us, beta = {beta * 1e9:.4f} ns/B "
@@ -857,15 +876,13 @@ def calibrate(comm=None, *, min_bytes=4, max_bytes=1 << 26, factor=4, reps=7,
         gamma_by_dtype, gamma_curves, kernel = {}, {}, {}
         for dt in map(np.dtype, dtypes):
             k = get_kernel("sum", dt)
-            a = np.ones(max_bytes // dt.itemsize, dt)
-            b = np.ones_like(a)
-            out = np.empty_like(a)
             rows = []
             for n in kernel_sizes:
                 m = n // dt.itemsize
-                av, bv, ov = a[:m], b[:m], out[:m]
+                av, bv, ov = np.ones(m, dt), np.ones(m, dt), np.empty(m, dt)
                 rows.append([m * dt.itemsize,
                              _timed(comm, lambda: k(av, bv, ov), _steps(n), reps)])
+                del av, bv, ov
             _, g, g_res = fit_two_regimes(*zip(*rows), small=0)
             gamma_by_dtype[dt.name] = g
             gamma_curves[dt.name] = _curve(rows, rows[0][1])
@@ -888,10 +905,11 @@ def calibrate(comm=None, *, min_bytes=4, max_bytes=1 << 26, factor=4, reps=7,
             entry["overhead"] = measured["overhead"]
             entry["corrections"] = fit_corrections(size, measured, entry)
             say(f"  per-call overhead {measured['overhead'] * 1e6:.1f} us; "
-                "factors (latency, bandwidth, rms rel. residual):")
-            for name, c in entry["corrections"].items():
-                say(f"    {name:>16s}  {c['latency']:7.2f}  {c['bandwidth']:7.2f}  "
-                    f"{c['residual']:6.1%}")
+                "measured/model ratio by vector size:")
+            say("    " + " " * 16 + "".join(f"{_bytes_label(b):>8s}"
+                                        for b, _ in next(iter(entry["corrections"].values()))))
+            for name, curve in entry["corrections"].items():
+                say(f"    {name:>16s}" + "".join(f"{r:8.2f}" for _, r in curve))
         return entry
     finally:
         comm.Free()
