@@ -29,6 +29,7 @@ from ._context import get_context
 from ._kernels import OPS, get_kernel, resolve_op
 from ._partition import chunk_bounds, partition
 from .algorithms.ring import allgather_phase, reduce_scatter_phase
+from .algorithms.shm import shared_max_for
 
 __all__ = ["allreduce", "reduce_scatter", "allgather", "algorithms", "set_check"]
 
@@ -120,8 +121,37 @@ def _agree(ctx, what, error, facts):
     smallest value of each fact; they differ iff the ranks disagree.
     """
     values = _fact_values(ctx.rank, error, facts)
-    ctx.comm.Allreduce(MPI.IN_PLACE, values, op=MPI.MAX)
+    _agree_max(ctx, values)
     _verdict(ctx, what, error, facts, values)
+
+
+_BOARD = "_api.agree.board"
+
+
+def _agree_max(ctx, values):
+    """Element-wise MAX of ``values`` over the ranks, in place.
+
+    Through shared memory when every rank of the communicator is on one
+    node (:class:`~pycollective.algorithms.shm.SharedMax`: a write, a flag
+    barrier, a read), else one ``MPI_Allreduce``.  Which one is decided on
+    the communicator's first agreement, collectively, the same on all ranks.
+    An MPI collective costs several µs at 2 ranks and up to milliseconds
+    when ranks outnumber cores, so this is most of a small call's overhead.
+    """
+    board = ctx.cache.get(_BOARD)
+    if board is None:
+        board = ctx.cache[_BOARD] = shared_max_for(ctx.comm) or _NO_BOARD
+    if board is _NO_BOARD:
+        ctx.comm.Allreduce(MPI.IN_PLACE, values, op=MPI.MAX)
+    else:
+        board.max(values)
+
+
+class _NoBoard:
+    """Cached marker: this communicator spans nodes, agree with MPI_Allreduce."""
+
+
+_NO_BOARD = _NoBoard()
 
 
 def _fact_values(rank, error, facts):
@@ -277,7 +307,7 @@ def allreduce(sendbuf, recvbuf, op=MPI.SUM, *, comm=None, algorithm="auto"):
         ctx, (algo, kernel, template, agreed, facts, _), src, dst = fast
         if _check_enabled:
             values = template.copy()
-            ctx.comm.Allreduce(MPI.IN_PLACE, values, op=MPI.MAX)
+            _agree_max(ctx, values)
             if values.tobytes() != agreed:
                 _verdict(ctx, "allreduce", None, facts, values)
         algo.run(ctx, src, dst, kernel)

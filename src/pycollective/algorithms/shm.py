@@ -76,6 +76,111 @@ def _round_capacity(nbytes):
     return -(-nbytes // step) * step
 
 
+class FlagBarrier:
+    """A barrier through shared memory for the ranks of a node-local communicator.
+
+    The MPI-3 pattern of synchronising with ``Win_sync`` plus a flag: every
+    rank has a counter in its own cache line of a shared window; ``sync``
+    issues ``Win.Sync`` (a memory barrier: this rank's earlier stores are
+    visible before the counter moves), raises its counter, waits until every
+    other counter has reached the same value, and issues ``Win.Sync`` again
+    (later loads happen after).  A few cache-line transfers instead of an
+    MPI_Barrier's messages, which is most of a small allreduce.  Waiting
+    ranks yield the core after a short spin, so oversubscribed ranks (more
+    ranks than cores) let the rank they wait for run.  Collective to create.
+    """
+
+    def __init__(self, comm):
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.win = MPI.Win.Allocate_shared(64, 1, comm=comm)
+        self.win.Lock_all(MPI.MODE_NOCHECK)
+        flags = [np.frombuffer(self.win.Shared_query(q)[0], np.int64, 1)
+                 for q in range(self.size)]
+        flags[self.rank][0] = 0
+        self._flag = flags[self.rank]
+        self._others = [f for q, f in enumerate(flags) if q != self.rank]
+        self._seq = 0
+        comm.Barrier()  # every flag is zeroed before anyone waits on it
+
+    def sync(self):
+        win = self.win
+        win.Sync()
+        self._seq = seq = self._seq + 1
+        self._flag[0] = seq
+        for flag in self._others:
+            spins = 0
+            while flag[0] < seq:
+                spins += 1
+                if spins > 64:
+                    os.sched_yield()
+        win.Sync()
+
+    def free(self):
+        if self.win is not None:
+            self.win.Unlock_all()
+            self.win.Free()
+            self.win = None
+
+
+class SharedMax:
+    """Element-wise MAX over the ranks of a node of a small int64 vector, through shared memory.
+
+    What the agreement step of every pycollective call needs (see
+    ``_api._agree``), without an MPI collective: each rank writes its vector
+    into its row of a shared board, one :class:`FlagBarrier` sync, each rank
+    reads all rows.  Two boards are used alternately, so the next call can
+    write while a slow rank still reads the last one (it cannot reach the
+    board of call k+2 before every rank has entered call k+1's sync).  When
+    all rows are equal, which is the case of agreeing ranks, the maximum is
+    any row, found by one byte comparison.
+    """
+
+    WIDTH = 16  # int64 per row: one 128-byte line pair, room for the facts
+
+    def __init__(self, comm):
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.barrier = FlagBarrier(comm)
+        nbytes = 2 * self.size * self.WIDTH * 8
+        self.win = MPI.Win.Allocate_shared(nbytes if self.rank == 0 else 0, 1, comm=comm)
+        self.win.Lock_all(MPI.MODE_NOCHECK)
+        board = np.frombuffer(self.win.Shared_query(0)[0], np.int64, nbytes // 8)
+        self.boards = board.reshape(2, self.size, self.WIDTH)
+        self.parity = 0
+
+    def max(self, values):
+        """Replace ``values`` (at most WIDTH int64) by its element-wise max over the ranks."""
+        board = self.boards[self.parity]
+        self.parity ^= 1
+        k = values.size
+        mine = board[self.rank]
+        mine[:k] = values
+        mine[k:] = 0
+        self.win.Sync()
+        self.barrier.sync()
+        self.win.Sync()
+        rows = board[:, :k]
+        if rows.tobytes() != values.tobytes() * self.size:
+            np.max(rows, axis=0, out=values)
+
+    def free(self):
+        self.barrier.free()
+        if self.win is not None:
+            self.win.Unlock_all()
+            self.win.Free()
+            self.win = None
+
+
+def shared_max_for(comm):
+    """A :class:`SharedMax` on ``comm`` if all its ranks share memory, else None (collective)."""
+    shared = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    try:
+        if shared.Get_size() != comm.Get_size():
+            return None  # the same answer on every rank (see _ShmState)
+        return SharedMax(shared)
+    finally:
+        shared.Free()
+
+
 class SharedSlots:
     """A shared window with one slot per rank of a node-local communicator.
 
@@ -94,17 +199,7 @@ class SharedSlots:
         self.views = {}        # (offset, nbytes, dtype) -> tuple of typed slot views
         self.parity = 0
         self.dirty = False     # True while a rank may still read the last region
-        # One cache line per rank holding how many syncs it has entered; the
-        # sync is a flag barrier on these (see sync()).
-        self.flagwin = MPI.Win.Allocate_shared(64, 1, comm=comm)
-        self.flagwin.Lock_all(MPI.MODE_NOCHECK)
-        flags = [np.frombuffer(self.flagwin.Shared_query(q)[0], np.int64, 1)
-                 for q in range(self.size)]
-        flags[self.rank][0] = 0
-        self._flag = flags[self.rank]
-        self._others = [f for q, f in enumerate(flags) if q != self.rank]
-        self._seq = 0
-        comm.Barrier()  # every flag is zeroed before anyone waits on it
+        self.barrier = FlagBarrier(comm)
 
     def ensure(self, nbytes):
         """Make every slot hold at least ``nbytes`` (collective when it grows)."""
@@ -134,29 +229,12 @@ class SharedSlots:
     def sync(self):
         """Make every rank's stores to the window visible to all, then continue together.
 
-        A barrier through shared memory, the MPI-3 pattern of synchronising
-        with ``Win_sync`` plus a flag: ``Win.Sync`` (a memory barrier:
-        our stores to the slots are visible before the flag), raise this
-        rank's counter, wait until every other rank's counter has reached
-        it, ``Win.Sync`` again (loads of the slots happen after).  It costs a
-        few cache-line transfers instead of an MPI_Barrier's messages, which
-        is most of a small allreduce.  Waiting ranks yield the core after a
-        short spin, so oversubscribed ranks (more ranks than cores) still
-        let the rank they wait for run.
+        ``Win.Sync`` on the slots around a :class:`FlagBarrier` sync.
         """
         win = self.win
         if win is not None:
             win.Sync()
-        self.flagwin.Sync()
-        self._seq = seq = self._seq + 1
-        self._flag[0] = seq
-        for flag in self._others:
-            spins = 0
-            while flag[0] < seq:
-                spins += 1
-                if spins > 64:
-                    os.sched_yield()
-        self.flagwin.Sync()
+        self.barrier.sync()
         if win is not None:
             win.Sync()
 
@@ -195,10 +273,9 @@ class SharedSlots:
 
     def free(self):
         self._release()
-        if self.flagwin is not None:
-            self.flagwin.Unlock_all()
-            self.flagwin.Free()
-            self.flagwin = None
+        if self.barrier is not None:
+            self.barrier.free()
+            self.barrier = None
         if self.comm != MPI.COMM_NULL:
             self.comm.Free()
             self.comm = MPI.COMM_NULL
