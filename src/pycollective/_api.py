@@ -5,8 +5,9 @@ some ranks waiting for messages that will not come:
 
 1. Local checks (buffers, dtype, op, algorithm) and kernel selection, before
    any message.  Kernel compilation happens here, outside anything timed.
-2. Agreement (on by default, see :func:`set_check`): one small
-   ``MPI_Allreduce`` on the private communicator carries each rank's error
+2. Agreement (on by default, see :func:`set_check`): one small MAX
+   reduction on the private communicator (through shared memory when all
+   ranks are on one node, else ``MPI_Allreduce``) carries each rank's error
    flag and its (count, dtype, op, algorithm).  If any rank failed its local
    checks, or the ranks disagree, every rank raises the same error.  With
    agreement off, errors that depend only on facts shared by all ranks
@@ -40,7 +41,8 @@ _check_enabled = os.environ.get("PYCOLLECTIVE_CHECK", "1").strip().lower() not i
 def set_check(enabled):
     """Turn the cross-rank agreement step on or off; returns the previous setting.
 
-    The step costs one small ``MPI_Allreduce`` per call.  It turns a bad
+    The step costs one small MAX reduction per call (a shared-memory
+    exchange on one node, else an ``MPI_Allreduce``).  It turns a bad
     argument on one rank, or ranks that disagree on count, dtype, op or
     algorithm, into the same exception on every rank instead of a hang.
     The environment variable ``PYCOLLECTIVE_CHECK=0`` sets the default off.
