@@ -355,7 +355,12 @@ def test_save_load_round_trip(tmp_path):
 @pytest.mark.parametrize("content", ["{not json", json.dumps({"alpha": 1.0}),
                                      json.dumps({"alpha": -1, "beta": 1, "gamma": 1}),
                                      json.dumps({"alpha": 1, "beta": 1, "gamma": 1,
-                                                 "by_nranks": {"x": {}}})])
+                                                 "by_nranks": {"x": {}}}),
+                                     json.dumps({"alpha": 1, "beta": 1, "gamma": 1,
+                                                 "corrections": {"ring": {"latency": 1}}}),
+                                     json.dumps({"alpha": 1, "beta": 1, "gamma": 1, "by_nranks": {
+                                         "2": {"alpha": 1, "beta": 1, "gamma": 1,
+                                               "beta_curve": [[8, 1], [4, 1]]}}})])
 def test_invalid_calibration_file_is_a_clear_error(tmp_path, content):
     path = tmp_path / "bad.json"
     path.write_text(content)

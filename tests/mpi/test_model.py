@@ -5,6 +5,7 @@ fail on one rank only are made after the last collective of a test.
 """
 
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -118,3 +119,35 @@ def test_auto_uses_rank_0_parameters_even_when_ranks_read_different_files(tmp_pa
     assert set(sources) == {os.path.join(base, "rank0.json")}
     assert chosen == model.choose(world.Get_size(), count, "int64", "sum", latency_bound)
     assert np.array_equal(out, expected)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_an_unreadable_calibration_falls_back_to_the_defaults(tmp_path_factory):
+    world = MPI.COMM_WORLD
+    path = _shared_tmp(world, tmp_path_factory, "broken.json")
+    if world.Get_rank() == 0:
+        with open(path, "w") as f:
+            f.write("{not json")
+    world.Barrier()
+    old = os.environ.get("PYCOLLECTIVE_MODEL")
+    os.environ["PYCOLLECTIVE_MODEL"] = path
+    comm = world.Dup()
+    try:
+        x = exact_values(world.Get_rank(), 1000, "int32", "sum")
+        out = np.empty_like(x)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            pycollective.allreduce(x, out, comm=comm)
+        sources = comm.allgather(model._auto_for(comm).params["source"])
+        expected = exact_reduce([exact_values(q, 1000, "int32", "sum")
+                                 for q in range(comm.Get_size())], "sum", "int32")
+    finally:
+        comm.Free()
+        if old is None:
+            del os.environ["PYCOLLECTIVE_MODEL"]
+        else:
+            os.environ["PYCOLLECTIVE_MODEL"] = old
+    assert np.array_equal(out, expected)
+    assert len(set(sources)) == 1 and sources[0].startswith("defaults")
+    if world.Get_rank() == 0:
+        assert any("ignoring the calibration" in str(w.message) for w in caught)

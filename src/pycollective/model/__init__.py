@@ -231,19 +231,34 @@ def _number(d, key, where):
     return float(v)
 
 
+def _check_curve(curve, where):
+    ok = isinstance(curve, list) and all(
+        isinstance(p, (list, tuple)) and len(p) == 2
+        and all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in p)
+        for p in curve)
+    if not ok or [p[0] for p in curve] != sorted(p[0] for p in curve):
+        raise ValueError(f"{where}: expected [[bytes, value], ...] by increasing size "
+                         "(a calibration from another version? run --calibrate again)")
+
+
 def _validate(data, where):
     if not isinstance(data, dict):
         raise ValueError(f"{where}: expected a JSON object")
     for key in ("alpha", "beta", "gamma"):
         _number(data, key, where)
+    if data.get("beta_curve") is not None:
+        _check_curve(data["beta_curve"], f"{where}: beta_curve")
+    for name, curve in (data.get("gamma_curves") or {}).items():
+        _check_curve(curve, f"{where}: gamma_curves[{name}]")
+    for name, curve in (data.get("corrections") or {}).items():
+        _check_curve(curve, f"{where}: corrections[{name}]")
     by_n = data.get("by_nranks", {})
     if not isinstance(by_n, dict):
         raise ValueError(f"{where}: 'by_nranks' must be an object keyed by N")
     for n, entry in by_n.items():
         if not str(n).isdigit() or int(n) < 1 or not isinstance(entry, dict):
             raise ValueError(f"{where}: bad 'by_nranks' entry {n!r}")
-        for key in ("alpha", "beta", "gamma"):
-            _number(entry, key, f"{where} [N={n}]")
+        _validate({k: v for k, v in entry.items() if k != "by_nranks"}, f"{where} [N={n}]")
 
 
 def load_params(path=None, *, nranks=None):
@@ -531,8 +546,9 @@ def _auto_for(comm):
     """The :class:`_Auto` state of ``comm``; collective on its first use.
 
     Rank 0 alone reads the calibration and broadcasts it, so every rank holds
-    the same parameters and therefore makes the same choice.  A failure on
-    rank 0 is broadcast too and raised on every rank as ValueError.
+    the same parameters and therefore makes the same choice.  An unreadable
+    calibration file gives the defaults (with a warning on rank 0); any other
+    failure on rank 0 is broadcast and raised on every rank as ValueError.
     """
     from .._context import get_context
     ctx = get_context(comm)
@@ -541,7 +557,12 @@ def _auto_for(comm):
         payload = None
         if ctx.rank == 0:
             try:
-                payload = (load_params(), None)
+                try:
+                    payload = (load_params(), None)
+                except ValueError as exc:
+                    # A broken or outdated file must not break every allreduce.
+                    warnings.warn(f"pycollective: ignoring the calibration: {exc}")
+                    payload = (dict(DEFAULTS, source=f"defaults ({exc})"), None)
             except Exception as exc:  # any failure must reach every rank
                 payload = (None, f"{type(exc).__name__}: {exc}")
         params, error = ctx.comm.bcast(payload, root=0) if ctx.size > 1 else payload
@@ -885,7 +906,9 @@ def calibrate(comm=None, *, min_bytes=4, max_bytes=1 << 26, factor=4, reps=7,
                 del av, bv, ov
             _, g, g_res = fit_two_regimes(*zip(*rows), small=0)
             gamma_by_dtype[dt.name] = g
-            gamma_curves[dt.name] = _curve(rows, rows[0][1])
+            curve = _curve(rows, rows[0][1])
+            if curve:
+                gamma_curves[dt.name] = curve
             kernel[dt.name] = rows
             say(f"  gamma[{dt.name}] = {g * 1e9:.4f} ns/B, rms rel. residual {g_res:.1%}")
         first = np.dtype(dtypes[0]).name
