@@ -23,10 +23,11 @@ What the script checks, after every step:
   ``--tolerance`` (default 1e-4 for float32, 1e-10 for float64; only the
   order of the floating-point sums differs).
 
-``--compare`` then times three ways of reducing the same gradients on the
-same model: one allreduce per tensor, bucketed after the backward pass, and
-bucketed with each bucket started during the backward pass (overlap), and
-prints the speed-ups.
+``--compare`` then times four ways of reducing the same gradients on the
+same model: one allreduce per tensor; 25 MiB buckets after the backward pass;
+small buckets (about one per layer) after the backward pass; and the same
+small buckets each started during the backward pass as soon as its layers'
+gradients are ready (overlap), and prints the two speed-ups.
 """
 
 import argparse
@@ -295,41 +296,48 @@ def _label(comm):
 
 # --- bucketing and overlap comparison ---------------------------------------------------
 
-def compare(comm, *, steps=50, batch_size=64, hidden=(64, 64), dtype="float32", cap_bytes=None,
-            seed=0, repeats=3):
-    """Time one step in the three reduction modes; returns {mode: median seconds per step}.
+def compare(comm, *, steps=50, batch_size=64, hidden=(64, 64), dtype="float32",
+            cap_bytes=pycollective.bucketing.DEFAULT_CAP_BYTES, seed=0, repeats=3):
+    """Time one training step with four ways of reducing the gradients.
 
-    The same model, data and number of steps for each mode, interleaved over
-    ``repeats`` rounds; each time is the slowest rank's.  ``cap_bytes=None``
-    sizes buckets to the largest tensor, so that there is one bucket per
-    layer or so and overlap has something to overlap.
+    "tensor": one allreduce per tensor; "bucket": buckets of ``cap_bytes``
+    after the backward pass; "small buckets": buckets no larger than the
+    largest tensor (about one per layer), after the backward pass;
+    "overlap": the same small buckets, each started during the backward pass
+    as soon as its layers' gradients are ready.  Same model, data and steps
+    for each, interleaved over ``repeats`` rounds; a round's time is the
+    slowest rank's.
+
+    Returns:
+        ({label: median seconds per step}, {label: buckets per step}, small cap).
     """
     xtr, ytr, _, _ = load_data(dtype)
     sizes = [xtr.shape[1], *hidden, 10]
     base = init_params(sizes, dtype, seed)
-    if cap_bytes is None:
-        cap_bytes = max(p.nbytes for p in base)
+    small = max(p.nbytes for p in base)
+    variants = {"tensor": ("tensor", 0), "bucket": ("bucket", cap_bytes),
+                "small buckets": ("bucket", small), "overlap": ("overlap", small)}
     rank, size = comm.Get_rank(), comm.Get_size()
     offset, length = partition(batch_size, size, rank)
     rng = np.random.default_rng(seed)
     batches = [rng.choice(len(ytr), batch_size, replace=False)[offset:offset + length]
                for _ in range(steps)]
-    times = {m: [] for m in ("tensor", "bucket", "overlap")}
+    times = {label: [] for label in variants}
     nb = {}
     for _ in range(repeats):
-        for mode in times:
+        for label, (mode, cap) in variants.items():
             params = [p.copy() for p in base]
             opt = Adam(params, 1e-3)
-            buckets = make_buckets(comm, params, mode, cap_bytes)
-            nb[mode] = buckets.nbuckets
+            buckets = make_buckets(comm, params, mode, cap)
+            nb[label] = buckets.nbuckets
             step(comm, params, opt, buckets, xtr[batches[0]], ytr[batches[0]], batch_size, mode)
             comm.Barrier()
             t0 = time.perf_counter()
             for idx in batches:
                 step(comm, params, opt, buckets, xtr[idx], ytr[idx], batch_size, mode)
             elapsed = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
-            times[mode].append(elapsed / steps)
-    return {m: float(np.median(t)) for m, t in times.items()}, nb, cap_bytes
+            times[label].append(elapsed / steps)
+    return {k: float(np.median(t)) for k, t in times.items()}, nb, small
 
 
 # --- command line -------------------------------------------------------------------------
@@ -384,20 +392,25 @@ def main(argv=None):
               + f"time: compute {comp:.3f} s, communication {comm_s:.3f} s", file=out)
     if args.compare:
         chidden = tuple(int(h) for h in (args.compare_hidden or args.hidden).split(",") if h)
-        times, nb, cap = compare(comm, steps=args.compare_steps, batch_size=args.batch_size,
-                                 hidden=chidden, dtype=args.dtype)
+        times, nb, small = compare(comm, steps=args.compare_steps, batch_size=args.batch_size,
+                                   hidden=chidden, dtype=args.dtype,
+                                   cap_bytes=int(args.bucket_mb * 2 ** 20))
         if out:
-            print(f"# compare: model [64, {', '.join(map(str, chidden))}, 10], "
-                  f"{args.compare_steps} steps x 3 rounds, median per step (slowest rank), "
-                  f"bucket cap {cap / 2 ** 10:.0f} KiB", file=out)
-            for mode, label in (("tensor", "one allreduce per tensor"),
-                                ("bucket", "buckets after backward"),
-                                ("overlap", "buckets during backward")):
-                print(f"{label:26s} {nb[mode]:2d} allreduce(s)/step {times[mode] * 1e3:9.3f} ms",
+            print(f"# compare: model [64, {', '.join(map(str, chidden))}, 10], global batch "
+                  f"{args.batch_size}, {args.compare_steps} steps x 3 rounds, median time per step "
+                  f"(slowest rank); buckets of {args.bucket_mb:g} MiB, small buckets of "
+                  f"{small / 2 ** 10:.0f} KiB", file=out)
+            labels = {"tensor": "one allreduce per tensor",
+                      "bucket": "buckets after backward",
+                      "small buckets": "small buckets after backward",
+                      "overlap": "small buckets during backward"}
+            for key, label in labels.items():
+                print(f"{label:30s} {nb[key]:2d} allreduce(s)/step {times[key] * 1e3:9.3f} ms",
                       file=out)
-            print(f"speed-up of bucketing over per-tensor: {times['tensor'] / times['bucket']:.2f}x; "
-                  f"of overlap over waiting for the whole backward: "
-                  f"{times['bucket'] / times['overlap']:.2f}x", file=out)
+            print(f"speed-up of bucketing over one allreduce per tensor: "
+                  f"{times['tensor'] / times['bucket']:.2f}x; of starting each bucket during "
+                  f"backward over waiting for the whole backward (same small buckets): "
+                  f"{times['small buckets'] / times['overlap']:.2f}x", file=out)
     return result
 
 

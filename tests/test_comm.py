@@ -194,3 +194,14 @@ def test_iallreduce_error_raised_by_wait():
     req = drop.Iallreduce(np.zeros(3), ro)
     with pytest.raises(ValueError, match="read-only"):
         req.Wait()
+
+
+def test_iallreduce_without_thread_multiple_is_native(monkeypatch):
+    monkeypatch.setattr(comm_module, "_thread_multiple", lambda: False)
+    drop = pycollective.Comm(MPI.COMM_SELF, algorithm="ring")
+    x = _data(9, "float32")
+    out = np.zeros_like(x)
+    req = drop.Iallreduce(x, out)
+    assert not isinstance(req, pycollective.Request) and isinstance(req, MPI.Request)
+    req.Wait()
+    assert np.array_equal(out, x)
