@@ -59,6 +59,7 @@ per (M, dtype, op) in the communicator's context.
 """
 
 import argparse
+import bisect
 import datetime
 import json
 import math
@@ -319,16 +320,20 @@ def _interp_curves(nranks, ns, curves):
 
 
 def _at(curve, nbytes, default):
-    """Value of a per-size curve at ``nbytes`` (log-linear, clamped at the ends)."""
+    """Value of a per-size curve at ``nbytes`` (log-linear, clamped at the ends).
+
+    Plain Python on purpose: it runs for every algorithm on auto's first
+    call of each size, where numpy's per-call overhead would dominate.
+    """
     if not curve or nbytes <= 0:
         return default
-    sizes = [x for x, _ in curve]
-    values = [v for _, v in curve]
-    if nbytes <= sizes[0]:
-        return values[0]
-    if nbytes >= sizes[-1]:
-        return values[-1]
-    return float(np.interp(math.log(nbytes), np.log(sizes), values))
+    if nbytes <= curve[0][0]:
+        return curve[0][1]
+    if nbytes >= curve[-1][0]:
+        return curve[-1][1]
+    i = bisect.bisect_right(curve, [nbytes, math.inf])
+    (x0, y0), (x1, y1) = curve[i - 1], curve[i]
+    return y0 + (y1 - y0) * math.log(nbytes / x0) / math.log(x1 / x0)
 
 
 def params_for(params, nranks):
@@ -425,27 +430,25 @@ def _rates(flat, count, dtype):
     return beta, gamma
 
 
-def _parts(cost, nranks, count, dtype, flat):
-    """(latency part, data part) of ``cost`` with the calibrated α, β, γ."""
-    beta, gamma = _rates(flat, count, dtype)
-    return (cost(nranks, count, dtype.itemsize, flat["alpha"], 0.0, 0.0),
-            cost(nranks, count, dtype.itemsize, 0.0, beta, gamma))
-
-
-def _calibrated(cost, name, nranks, count, dtype, flat):
-    if count == 0 or nranks == 1:
-        return 0.0
-    lat, dat = _parts(cost, nranks, count, dtype, flat)
-    ratio = _at(flat["corrections"].get(name), count * dtype.itemsize, 1.0)
-    return flat["overhead"] + max(ratio, _MIN_FACTOR) * (lat + dat)
+def _model_time(cost, nranks, count, dtype, flat, rates=None):
+    """The α-β-γ time of ``cost`` with the calibrated α and per-size β, γ."""
+    beta, gamma = rates or _rates(flat, count, dtype)
+    return cost(nranks, count, dtype.itemsize, flat["alpha"], beta, gamma)
 
 
 def _all_calibrated(nranks, count, dtype, flat):
     out = {}
+    rates = _rates(flat, count, dtype)
     for name in _registry.names():
         algo = _registry.get(name)
-        if algo.cost is not None:
-            out[name] = _calibrated(algo.cost, name, nranks, count, dtype, flat)
+        if algo.cost is None:
+            continue
+        if count == 0 or nranks == 1:
+            out[name] = 0.0
+            continue
+        ratio = _at(flat["corrections"].get(name), count * dtype.itemsize, 1.0)
+        out[name] = flat["overhead"] + max(ratio, _MIN_FACTOR) * _model_time(
+            algo.cost, nranks, count, dtype, flat, rates)
     return out
 
 
@@ -695,7 +698,7 @@ def fit_corrections(nranks, measured, params, dtype="float32"):
             count = int(count)
             if count == 0:
                 continue
-            model_t = sum(_parts(cost, nranks, count, dtype, flat))
+            model_t = _model_time(cost, nranks, count, dtype, flat)
             curve.append([count * dtype.itemsize, max(t - o, 0.0) / model_t if model_t else 1.0])
         out[name] = curve
     return out
