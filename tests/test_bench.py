@@ -333,3 +333,9 @@ def test_sweep_report(tmp_path):
     assert "| 10 | 40 | 10.0 | 30.0 | **20.0** † | tree | tree ✓ |" in text
     assert "| 1000 | 4000 | 100 | **200** ✗ | 300 † | ring | tree (1.50×) |" in text
     assert "5 wrong elements" in text
+
+
+def test_params_file_must_exist(tmp_path):
+    with pytest.raises(SystemExit) as info:
+        parse("ring", "--params", str(tmp_path / "missing.json"))
+    assert info.value.code == 2

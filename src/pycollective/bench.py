@@ -13,6 +13,7 @@ for the meaning of every column.
 import argparse
 import json
 import math
+import os
 import sys
 
 import numpy as np
@@ -283,6 +284,8 @@ def parse_args(argv, nranks):
     model = _model()
     if args.explain and model is None:
         parser.error("--explain needs pycollective.model, which is not installed")
+    if args.params is not None and not os.path.isfile(args.params):
+        parser.error(f"--params {args.params}: no such file")
     if args.plot is not None:
         try:
             import matplotlib  # noqa: F401
@@ -328,7 +331,10 @@ def _load_params(model, path, comm):
             payload = (None, f"{type(exc).__name__}: {exc}")
     params, error = comm.bcast(payload, root=0)
     if error is not None:
-        raise ValueError(f"cannot load the model's calibration: {error}")
+        # An argument error like the others: status 2 on every rank, one message.
+        if comm.Get_rank() == 0:
+            sys.stderr.write(f"python -m pycollective.bench: error: --params: {error}\n")
+        raise SystemExit(2)
     return params
 
 
