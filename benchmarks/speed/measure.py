@@ -57,16 +57,23 @@ def _caller(comm, name, send, out):
     return lambda: pycollective.allreduce(send, out, MPI.SUM, comm=comm, algorithm=name)
 
 
-def _time_rounds(comm, calls, reps):
-    """Round-robin timing; returns {name: array of max-over-ranks times}."""
+def _time_rounds(comm, calls, reps, inner=1):
+    """Round-robin timing; returns {name: array of max-over-ranks times per call}.
+
+    With ``inner`` > 1 a sample is ``inner`` back-to-back calls divided by
+    ``inner`` (how latency benchmarks such as OSU time small messages: one
+    call is shorter than the skew a barrier leaves between ranks).
+    """
     names = list(calls)
     local = np.zeros((reps, len(names)))
     for i in range(reps):
         for j, name in enumerate(names):
+            call = calls[name]
             comm.Barrier()
             t0 = time.perf_counter()
-            calls[name]()
-            local[i, j] = time.perf_counter() - t0
+            for _ in range(inner):
+                call()
+            local[i, j] = (time.perf_counter() - t0) / inner
     worst = np.empty_like(local)
     comm.Allreduce(local, worst, op=MPI.MAX)
     return {name: worst[:, j] for j, name in enumerate(names)}
@@ -86,7 +93,7 @@ def membw(comm, nbytes=256 << 20, reps=5):
     return 2 * nbytes / worst
 
 
-def run_sizes(comm, sizes, algs, reps, warmup, bw):
+def run_sizes(comm, sizes, algs, reps, warmup, bw, inner=1):
     n, r = comm.Get_size(), comm.Get_rank()
     rows = []
     for count in sizes:
@@ -102,7 +109,7 @@ def run_sizes(comm, sizes, algs, reps, warmup, bw):
             comm.Allreduce(send, ref, op=MPI.SUM)
         wrong = {name: comm.allreduce(int(np.count_nonzero(outs[name] != ref)))
                  for name in algs}
-        times = _time_rounds(comm, calls, reps)
+        times = _time_rounds(comm, calls, reps, inner if count * 4 <= (1 << 16) else 1)
         native = np.median(times["native"]) if "native" in times else None
         nbytes = count * 4
         for name in algs:
@@ -241,6 +248,8 @@ def main(argv=None):
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--membw", action="store_true")
     parser.add_argument("--no-check", action="store_true")
+    parser.add_argument("--inner", type=int, default=1,
+                        help="back-to-back calls per sample for messages up to 64 KiB")
     parser.add_argument("--breakdown", type=_count, nargs="*")
     parser.add_argument("--segments", type=_count, nargs="*",
                         help="ring_pipelined segment sizes in bytes to compare")
@@ -251,7 +260,7 @@ def main(argv=None):
     bw = membw(comm) if args.membw else None
     if comm.rank == 0:
         print(f"# N={comm.size} check={'off' if args.no_check else 'on'} reps={args.reps} "
-              f"warmup={args.warmup}" + (f" membw_per_rank={bw / 1e9:.1f} GB/s traffic" if bw else ""),
+              f"warmup={args.warmup} inner={args.inner}" + (f" membw_per_rank={bw / 1e9:.1f} GB/s traffic" if bw else ""),
               flush=True)
     wrong = 0
     if args.segments:
@@ -262,7 +271,7 @@ def main(argv=None):
             rows = run_sizes(comm, args.M, ["ring_pipelined"], args.reps, args.warmup, bw)
             wrong += sum(row["wrong"] for row in rows)
     else:
-        rows = run_sizes(comm, args.M, args.algs, args.reps, args.warmup, bw)
+        rows = run_sizes(comm, args.M, args.algs, args.reps, args.warmup, bw, args.inner)
         wrong += sum(row["wrong"] for row in rows)
     for count in args.breakdown or []:
         breakdown_cma(comm, count, args.reps)
