@@ -522,10 +522,25 @@ class _ShmState:
             self.node = None
 
 
-def shm_allreduce(ctx, src, dst, kernel):
+def _state(ctx):
     state = ctx.cache.get("shm")
     if state is None:
         state = ctx.cache["shm"] = _ShmState(ctx)
+    return state
+
+
+def on_one_node(ctx):
+    """True iff "shm" can run on ``ctx`` (all ranks share memory); the same on every rank.
+
+    Collective on a context's first use (it builds the cached state), so a
+    caller such as the automatic choice must ask on every rank at the same
+    point.
+    """
+    return _state(ctx).error is None
+
+
+def shm_allreduce(ctx, src, dst, kernel):
+    state = _state(ctx)
     if state.error is not None:
         raise ValueError(state.error)
     if state.cross is not None and dst.nbytes > _DOUBLE_LIMIT:
