@@ -388,11 +388,20 @@ def test_fit_corrections_gives_measured_over_model_ratios():
     times = {name: [[c, o + r(c) * predict(name, N, c, alpha=a, beta=b, gamma=g)]
                     for c in counts] for name, r in ratio.items()}
     fitted = model.fit_corrections(N, {"overhead": o, "times": times},
-                                   dict(alpha=a, beta=b, gamma=g))
+                                   dict(alpha=a, beta=b, gamma=g), smooth=0)
     assert set(fitted) == set(ratio)
     for name, r in ratio.items():
         assert [x for x, _ in fitted[name]] == [4 * c for c in counts]  # bytes of float32
         assert [y for _, y in fitted[name]] == pytest.approx([r(c) for c in counts])
+    # smoothed: below 16 KiB (counts 1..1024 here) each ratio is the mean over
+    # itself and one neighbour each side below 16 KiB; above, as measured
+    smooth = model.fit_corrections(N, {"overhead": o, "times": times},
+                                   dict(alpha=a, beta=b, gamma=g))
+    want = [r(c) for c in counts]
+    small = want[:6]
+    assert [y for _, y in smooth["butterfly"]] == pytest.approx(
+        [np.mean(small[max(0, i - 1):i + 2]) for i in range(6)] + want[6:])
+    assert [y for _, y in smooth["ring"]] == pytest.approx([2.0] * len(counts))
 
 
 def test_explain_and_choose_use_the_measured_ratios(tmp_path):

@@ -663,7 +663,7 @@ def fit_two_regimes(sizes, times, small=SMALL_BYTES, large=LARGE_BYTES):
     return float(alpha), float(beta), float(np.sqrt(np.mean(rel ** 2)))
 
 
-def fit_corrections(nranks, measured, params, dtype="float32"):
+def fit_corrections(nranks, measured, params, dtype="float32", smooth=1):
     """Measured ÷ modelled time of every algorithm at every measured size.
 
     The α-β-γ cost (with this N's α and the per-size β, γ) is what the
@@ -679,6 +679,8 @@ def fit_corrections(nranks, measured, params, dtype="float32"):
         params: the calibrated parameters of this N (a calibration entry or
             :func:`params_for` output: alpha, beta, gamma, optional curves).
         dtype: dtype of the measurements.
+        smooth: below CURVE_MIN_BYTES, each ratio is averaged with this many
+            neighbours on each side (also below CURVE_MIN_BYTES).
 
     Returns:
         ``{name: [[bytes, ratio], ...]}`` for every measured algorithm that
@@ -693,13 +695,25 @@ def fit_corrections(nranks, measured, params, dtype="float32"):
             cost = _cost(name)
         except ValueError:
             continue
-        curve = []
+        sizes, ratios = [], []
         for count, t in sorted(rows):
             count = int(count)
             if count == 0:
                 continue
             model_t = _model_time(cost, nranks, count, dtype, flat)
-            curve.append([count * dtype.itemsize, max(t - o, 0.0) / model_t if model_t else 1.0])
+            sizes.append(count * dtype.itemsize)
+            ratios.append(max(t - o, 0.0) / model_t if model_t else 1.0)
+        # Below CURVE_MIN_BYTES the time is start-ups and overhead, the same
+        # at every size, so one sample's ratio is mostly noise: average it
+        # with its neighbours there.  Above, the ratio has a real shape
+        # (cache regimes) that averaging would blur.
+        k = smooth
+        small = [x < CURVE_MIN_BYTES for x in sizes]
+        curve = []
+        for i, x in enumerate(sizes):
+            window = [ratios[j] for j in range(max(0, i - k), min(len(sizes), i + k + 1))
+                      if small[j]] if small[i] else [ratios[i]]
+            curve.append([x, float(np.mean(window))])
         out[name] = curve
     return out
 
@@ -764,7 +778,7 @@ def _steps(nbytes, budget=1 << 22):
 CALIBRATED_DTYPES = ("float32", "float64", "float16", "int32", "int64")
 
 
-def measure_algorithms(comm, counts, *, dtype="float32", reps=5, names=None, budget=2e-3):
+def measure_algorithms(comm, counts, *, dtype="float32", reps=5, names=None, budget=5e-3):
     """Time ``pycollective.allreduce`` with every algorithm at every count (collective).
 
     Algorithms take turns within each repetition, so a burst of load from
