@@ -79,14 +79,14 @@ __all__ = [
     "fit_alpha_beta", "fit_two_regimes", "fit_corrections", "measure_algorithms", "calibrate",
 ]
 
-# Used when no calibration file exists.  Measured at N = 2 on the 2-core
-# development machine (MPICH 5 shared memory, float32 sum, see the README);
-# only their ratios matter for choosing, and they are of the right order for
-# any shared-memory node: a few µs per message, a few GB/s per link.
+# Used when no calibration file exists: `--calibrate` at N = 2 on the 2-core
+# development machine (MPICH 5 shared memory; β and γ for data out of
+# cache, see the README).  Only their ratios matter for choosing, and they
+# are of the right order for any shared-memory node.
 DEFAULTS = {
-    "alpha": 4.0e-6,     # s per message (mpi4py Sendrecv through Python)
-    "beta": 2.5e-10,     # s per byte sent (about 4 GB/s)
-    "gamma": 1.5e-10,    # s per byte reduced (numba sum of float32)
+    "alpha": 3.0e-6,     # s per message (mpi4py Sendrecv through Python)
+    "beta": 1.0e-10,     # s per byte sent (about 10 GB/s)
+    "gamma": 1.1e-10,    # s per byte reduced (numba sum of float32, from memory)
 }
 
 LECTURE = {
@@ -845,9 +845,10 @@ def calibrate(comm=None, *, min_bytes=4, max_bytes=1 << 26, factor=4, reps=7,
     its right neighbour and from its left one at the same time, through the
     same helper the algorithms use): α fitted on the sizes up to 64 KiB, β
     on those from 1 MiB (:func:`fit_two_regimes`).  γ for each dtype is the
-    slope of its ``sum`` kernel's time, run on every rank at once, over the
-    same large sizes.  Then every registered algorithm is timed at ``counts``
-    float32 elements (:func:`measure_algorithms`) and compared with the model
+    time per byte of its ``sum`` kernel, run on every rank at once, at the
+    largest size (out of cache).  Both are also kept per size, as curves.
+    Then every registered algorithm is timed at ``counts`` float32 elements
+    (:func:`measure_algorithms`) and compared with the model
     (:func:`fit_corrections`).  Times are the slowest rank's, lower quartiles
     of ``reps`` repetitions (other processes only ever add time).
 
@@ -921,13 +922,18 @@ def calibrate(comm=None, *, min_bytes=4, max_bytes=1 << 26, factor=4, reps=7,
                 rows.append([m * dt.itemsize,
                              _timed(comm, lambda: k(av, bv, ov), _steps(n), reps)])
                 del av, bv, ov
-            _, g, g_res = fit_two_regimes(*zip(*rows), small=0)
-            gamma_by_dtype[dt.name] = g
             curve = _curve(rows, rows[0][1])
             if curve:
                 gamma_curves[dt.name] = curve
+                g, g_res = curve[-1][1], None  # out of cache, where γ matters
+            else:
+                _, g, g_res = fit_alpha_beta(*zip(*rows))
+            gamma_by_dtype[dt.name] = g
             kernel[dt.name] = rows
-            say(f"  gamma[{dt.name}] = {g * 1e9:.4f} ns/B, rms rel. residual {g_res:.1%}")
+            say(f"  gamma[{dt.name}] = {g * 1e9:.4f} ns/B"
+                + (f", rms rel. residual {g_res:.1%}" if g_res is not None else
+                   f" at {_bytes_label(curve[-1][0])}; "
+                   + ", ".join(f"{_bytes_label(x)}: {v * 1e9:.3g}" for x, v in curve[:-1])))
         first = np.dtype(dtypes[0]).name
         gamma = gamma_by_dtype[first]
         entry = {
