@@ -151,3 +151,12 @@ def test_an_unreadable_calibration_falls_back_to_the_defaults(tmp_path_factory):
     assert len(set(sources)) == 1 and sources[0].startswith("defaults")
     if world.Get_rank() == 0:
         assert any("ignoring the calibration" in str(w.message) for w in caught)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_check_command_reports_the_choice(capsys):
+    status = model.main(["--check", "--counts", "1,1000", "--reps", "2"])
+    out = capsys.readouterr().out
+    assert status == 0
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        assert "auto within 10% of the fastest at" in out and "/2 sizes" in out

@@ -1108,6 +1108,44 @@ def _main_calibrate(args):
     return comm.bcast(status, root=0)
 
 
+CHECK_COUNTS = tuple(10 ** k for k in range(8))  # 1 .. 1e7, the issue's sweep
+
+
+def _main_check(args):
+    """Time every algorithm now and compare with what auto would choose."""
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    n, rank = comm.Get_size(), comm.Get_rank()
+    payload = None
+    if rank == 0:
+        try:
+            payload = (load_params(args.params), None)
+        except ValueError as exc:
+            payload = (None, str(exc))
+    params, error = comm.bcast(payload, root=0)
+    if error is not None:
+        raise ValueError(error)
+    counts = CHECK_COUNTS if args.counts is None else args.counts
+    measured = measure_algorithms(comm, counts, reps=args.reps)
+    if rank != 0:
+        return 0
+    rows, hits = [], 0
+    for i, count in enumerate(counts):
+        t = {name: rows_[i][1] for name, rows_ in measured["times"].items()}
+        best = min(t, key=t.get)
+        auto = choose(n, count, "float32", "sum", params)
+        ok = t[auto] <= 1.10 * t[best]
+        hits += ok
+        rows.append([count, best, f"{t[best] * 1e6:.4g}", auto, f"{t[auto] * 1e6:.4g}",
+                     f"{explain(n, count, 'float32', params)[auto] * 1e6:.4g}",
+                     f"{t[auto] / t[best]:.2f}", "yes" if ok else "no"])
+    print(f"N = {n}, float32 sum, calibration: {params['source']}", flush=True)
+    print(_table(rows, ["count", "fastest", "time_us", "auto", "auto_us", "predicted_us",
+                        "ratio", "within_10%"]), flush=True)
+    print(f"auto within 10% of the fastest at {hits}/{len(counts)} sizes", flush=True)
+    return 0
+
+
 def main(argv=None):
     """Command line: predicted-time tables, the lecture's examples, calibration."""
     p = argparse.ArgumentParser(
@@ -1121,7 +1159,8 @@ def main(argv=None):
                "--bandwidth 12.5e9 --alpha 5e-6 --N 512\n"
                "  python -m pycollective.model --M 1e6 --dtype float32   "
                "(this machine's calibration)\n"
-               "  scripts/run_mpi.sh 4 -m pycollective.model --calibrate",
+               "  scripts/run_mpi.sh 4 -m pycollective.model --calibrate\n"
+               "  scripts/run_mpi.sh 4 -m pycollective.model --check",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--N", type=_list_arg, default=None,
                    help="comma-separated communicator sizes (default 2,4,...,1024; "
@@ -1142,7 +1181,7 @@ def main(argv=None):
     p.add_argument("--lecture", action="store_true",
                    help="print the lecture's tables 7 and 8 and exercise 1")
     p.add_argument("--show", action="store_true", help="print the calibration in use")
-    g = p.add_argument_group("calibration (run under MPI)")
+    g = p.add_argument_group("calibration and check (run under MPI)")
     g.add_argument("--calibrate", action="store_true",
                    help="measure alpha, beta, gamma on these ranks and save them")
     g.add_argument("--output", help="file to save to (default: the default path)")
@@ -1151,15 +1190,22 @@ def main(argv=None):
     g.add_argument("--max-bytes", type=_count_arg, default=1 << 26)
     g.add_argument("--factor", type=_count_arg, default=4)
     g.add_argument("--reps", type=_count_arg, default=7)
-    g.add_argument("--counts", type=_counts_arg, default=ALGORITHM_COUNTS,
-                   help="element counts at which to time every algorithm (default 1,4,...,4^11; "
-                        "'none' skips it)")
+    g.add_argument("--counts", type=_counts_arg, default=None,
+                   help="element counts at which to time every algorithm (calibration: "
+                        "default 1,4,...,4^11, 'none' skips it; --check: default 1,10,...,1e7)")
+    g.add_argument("--check", action="store_true",
+                   help="time every algorithm now (float32 sum) and report whether auto's "
+                        "choice is within 10%% of the fastest, with the calibration in use")
     g.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
     out = sys.stdout
 
     if args.calibrate:
+        if args.counts is None:
+            args.counts = ALGORITHM_COUNTS
         return _main_calibrate(args)
+    if args.check:
+        return _main_check(args)
     if args.lecture:
         _lecture_report(out)
         return 0
