@@ -199,7 +199,7 @@ def make_buckets(comm, params, mode, cap_bytes):
 
 
 def train(comm, *, epochs=10, batch_size=64, hidden=(64, 64), lr=0.01, optimizer="adam",
-          mode="overlap", cap_bytes=pycollective.bucketing.DEFAULT_CAP_BYTES,
+          mode="bucket", cap_bytes=pycollective.bucketing.DEFAULT_CAP_BYTES,
           dtype="float32", seed=0, reference=True, tolerance=None, out=None):
     """Train on ``comm``; return a summary dict (checks raise RuntimeError on failure).
 
@@ -309,7 +309,9 @@ def compare(comm, *, steps=50, batch_size=64, hidden=(64, 64), dtype="float32",
     slowest rank's.
 
     Returns:
-        ({label: median seconds per step}, {label: buckets per step}, small cap).
+        ({label: median seconds per step}, {label: median seconds per step
+        spent in the bucket calls, i.e. communication not hidden behind
+        compute}, {label: buckets per step}, small cap).
     """
     xtr, ytr, _, _ = load_data(dtype)
     sizes = [xtr.shape[1], *hidden, 10]
@@ -323,6 +325,7 @@ def compare(comm, *, steps=50, batch_size=64, hidden=(64, 64), dtype="float32",
     batches = [rng.choice(len(ytr), batch_size, replace=False)[offset:offset + length]
                for _ in range(steps)]
     times = {label: [] for label in variants}
+    exposed = {label: [] for label in variants}
     nb = {}
     for _ in range(repeats):
         for label, (mode, cap) in variants.items():
@@ -333,11 +336,14 @@ def compare(comm, *, steps=50, batch_size=64, hidden=(64, 64), dtype="float32",
             step(comm, params, opt, buckets, xtr[batches[0]], ytr[batches[0]], batch_size, mode)
             comm.Barrier()
             t0 = time.perf_counter()
+            waited = 0.0
             for idx in batches:
-                step(comm, params, opt, buckets, xtr[idx], ytr[idx], batch_size, mode)
+                waited += step(comm, params, opt, buckets, xtr[idx], ytr[idx], batch_size, mode)[2]
             elapsed = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
             times[label].append(elapsed / steps)
-    return {k: float(np.median(t)) for k, t in times.items()}, nb, small
+            exposed[label].append(comm.allreduce(waited, op=MPI.MAX) / steps)
+    median = {k: float(np.median(t)) for k, t in times.items()}
+    return median, {k: float(np.median(t)) for k, t in exposed.items()}, nb, small
 
 
 # --- command line -------------------------------------------------------------------------
@@ -355,7 +361,7 @@ def parse_args(argv=None):
     p.add_argument("--hidden", default="64,64", help="hidden layer widths")
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="adam")
-    p.add_argument("--mode", choices=["tensor", "bucket", "overlap"], default="overlap",
+    p.add_argument("--mode", choices=["tensor", "bucket", "overlap"], default="bucket",
                    help="one allreduce per tensor / per bucket after backward / per bucket during backward")
     p.add_argument("--bucket-mb", type=float, default=25.0, help="bucket cap in MiB (DDP's default)")
     p.add_argument("--dtype", choices=sorted(TOLERANCE), default="float32")
@@ -392,7 +398,7 @@ def main(argv=None):
               + f"time: compute {comp:.3f} s, communication {comm_s:.3f} s", file=out)
     if args.compare:
         chidden = tuple(int(h) for h in (args.compare_hidden or args.hidden).split(",") if h)
-        times, nb, small = compare(comm, steps=args.compare_steps, batch_size=args.batch_size,
+        times, exposed, nb, small = compare(comm, steps=args.compare_steps, batch_size=args.batch_size,
                                    hidden=chidden, dtype=args.dtype,
                                    cap_bytes=int(args.bucket_mb * 2 ** 20))
         if out:
@@ -404,9 +410,10 @@ def main(argv=None):
                       "bucket": "buckets after backward",
                       "small buckets": "small buckets after backward",
                       "overlap": "small buckets during backward"}
+            print(f"{'':30s} {'allreduces':>10s} {'ms/step':>9s} {'of which comm':>13s}", file=out)
             for key, label in labels.items():
-                print(f"{label:30s} {nb[key]:2d} allreduce(s)/step {times[key] * 1e3:9.3f} ms",
-                      file=out)
+                print(f"{label:30s} {nb[key]:10d} {times[key] * 1e3:9.3f} "
+                      f"{exposed[key] * 1e3:13.3f}", file=out)
             print(f"speed-up of bucketing over one allreduce per tensor: "
                   f"{times['tensor'] / times['bucket']:.2f}x; of starting each bucket during "
                   f"backward over waiting for the whole backward (same small buckets): "
