@@ -160,3 +160,22 @@ def test_check_command_reports_the_choice(capsys):
     assert status == 0
     if MPI.COMM_WORLD.Get_rank() == 0:
         assert "auto within 10% of the fastest at" in out and "/2 sizes" in out
+
+
+@pytest.mark.mpi(min_size=2)
+def test_auto_leaves_out_shm_when_the_communicator_spans_nodes(monkeypatch):
+    # Pretend the communicator spans nodes: auto must never pick "shm".
+    from pycollective.algorithms import shm
+    monkeypatch.setattr(shm, "on_one_node", lambda ctx: False)
+    comm = MPI.COMM_WORLD.Dup()
+    try:
+        state = model._auto_for(comm)
+        everything_on_shm = {"alpha": 1.0, "beta": 1.0, "gamma": 1.0,
+                             "corrections": {n: [[4, 100.0]] for n in pycollective.algorithms()
+                                             if n != "shm"}}
+        state.flat = model.params_for(everything_on_shm, comm.Get_size())
+        picks = {state.choose(c, np.dtype("float32"), "sum") for c in (1, 1000, 10 ** 6)}
+    finally:
+        comm.Free()
+    assert state.exclude == ("shm",)
+    assert "shm" not in picks

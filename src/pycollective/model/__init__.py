@@ -452,8 +452,10 @@ def _all_calibrated(nranks, count, dtype, flat):
     return out
 
 
-def _fastest(nranks, count, dtype, flat):
+def _fastest(nranks, count, dtype, flat, exclude=()):
     times = _all_calibrated(nranks, count, dtype, flat)
+    for name in exclude:
+        times.pop(name, None)
     if not times:
         raise ValueError("no registered algorithm has a cost model")
     best = min(times.values())
@@ -526,14 +528,15 @@ def choose(nranks, count, dtype, op="sum", params=None):
 class _Auto:
     """Per-communicator state of ``algorithm="auto"``: rank 0's parameters, cached choices."""
 
-    __slots__ = ("params", "flat", "size", "choices")
+    __slots__ = ("params", "flat", "size", "choices", "exclude")
     _LIMIT = 4096  # bound the cache for programs that sweep many sizes
 
-    def __init__(self, params, size):
+    def __init__(self, params, size, exclude=()):
         self.params = params
         self.size = size
         self.flat = params_for(params, size)
         self.choices = {}
+        self.exclude = tuple(exclude)  # algorithms that cannot run on this communicator
 
     def choose(self, count, dtype, opname):
         key = (count, dtype.num, opname)
@@ -541,7 +544,8 @@ class _Auto:
         if name is None:
             if len(self.choices) >= self._LIMIT:
                 self.choices.clear()
-            name = self.choices[key] = _fastest(self.size, count, dtype, self.flat)
+            name = self.choices[key] = _fastest(self.size, count, dtype, self.flat,
+                                                self.exclude)
         return name
 
 
@@ -549,7 +553,8 @@ def _auto_for(comm):
     """The :class:`_Auto` state of ``comm``; collective on its first use.
 
     Rank 0 alone reads the calibration and broadcasts it, so every rank holds
-    the same parameters and therefore makes the same choice.  An unreadable
+    the same parameters and therefore makes the same choice; algorithms that
+    cannot run on this communicator ("shm" across nodes) are left out.  An unreadable
     calibration file gives the defaults (with a warning on rank 0); any other
     failure on rank 0 is broadcast and raised on every rank as ValueError.
     """
@@ -571,8 +576,20 @@ def _auto_for(comm):
         params, error = ctx.comm.bcast(payload, root=0) if ctx.size > 1 else payload
         if error is not None:
             raise ValueError(f"algorithm='auto': rank 0 could not load the cost model: {error}")
-        state = ctx.cache["model.auto"] = _Auto(params, ctx.size)
+        state = ctx.cache["model.auto"] = _Auto(params, ctx.size, _unusable(ctx))
     return state
+
+
+def _unusable(ctx):
+    """Registered algorithms that cannot run on ``ctx``; the same on every rank.
+
+    "shm" needs every rank on one shared-memory node; asking is collective on
+    a context's first use, which is why it happens here, where every rank is.
+    """
+    if ctx.size == 1 or "shm" not in _registry.names():
+        return ()
+    from ..algorithms import shm
+    return () if shm.on_one_node(ctx) else ("shm",)
 
 
 # --- calibration ----------------------------------------------------------------
