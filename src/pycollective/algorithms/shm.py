@@ -87,10 +87,19 @@ class FlagBarrier:
     (later loads happen after).  A few cache-line transfers instead of an
     MPI_Barrier's messages, which is most of a small allreduce.  Waiting
     ranks yield the core after a short spin, so oversubscribed ranks (more
-    ranks than cores) let the rank they wait for run.  Collective to create.
+    ranks than cores) let the rank they wait for run.
+
+    A waiting rank also calls into MPI now and then (``Iprobe``, which
+    matches nothing we would take): a rank that has finished an algorithm
+    on point-to-point messages may still owe its partner the last step of a
+    transfer (MPICH completes a large send only when the receiver's progress
+    engine acknowledges it), and a rank spinning here without entering MPI
+    would leave that partner waiting for ever while the partner is what
+    this rank waits for.  Collective to create.
     """
 
     def __init__(self, comm):
+        self.comm = comm.Dup()  # for Iprobe: nothing is ever sent on it
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.win = MPI.Win.Allocate_shared(64, 1, comm=comm)
         self.win.Lock_all(MPI.MODE_NOCHECK)
@@ -107,12 +116,14 @@ class FlagBarrier:
         win.Sync()
         self._seq = seq = self._seq + 1
         self._flag[0] = seq
+        spins = 0
         for flag in self._others:
-            spins = 0
             while flag[0] < seq:
                 spins += 1
-                if spins > 64:
-                    os.sched_yield()
+                if spins & 15 == 0:
+                    self.comm.Iprobe()  # MPI progress for sends still in flight
+                    if spins > 64:
+                        os.sched_yield()
         win.Sync()
 
     def free(self):
@@ -120,6 +131,7 @@ class FlagBarrier:
             self.win.Unlock_all()
             self.win.Free()
             self.win = None
+            self.comm.Free()
 
 
 class SharedMax:
