@@ -1,37 +1,56 @@
 """Shared-memory allreduce: every rank reduces its slice straight from the others' memory.
 
-All ranks of the communicator must share memory (one node).  Each rank owns a
+All ranks of the communicator must share memory (one node).  With M elements
+split by :func:`~pycollective.partition` into N slices, rank i owns slice i:
+it combines slice i of all N inputs, operands in rank order 0..N-1, and
+every rank then copies the other slices of the result.  No data travel in
+point-to-point messages; there are two ways to reach the others' memory.
+
+Single copy (messages above ``_DOUBLE_LIMIT`` = 1 MiB, where the system
+allows it): each rank publishes the addresses of its ``src`` and ``dst`` in
+a small shared window; sync; rank i reads slice i of every other rank's
+``src`` with ``process_vm_readv`` (Linux cross-memory attach) into a staging
+block of about ``_CMA_STAGE_BYTES`` in total, still in cache when the kernel
+combines it with its own operand straight into ``dst``; sync; rank i reads
+slice q of rank q's ``dst`` straight into its own ``dst`` for every q != i;
+sync (nobody returns, and lets its ``dst`` change, while others read it).
+Nothing is staged through shared memory and the caller's buffers are read
+where they are.  Whether the system allows it is probed once per
+communicator and agreed by all ranks; ``PYCOLLECTIVE_SHM_CMA=0`` turns it off.
+
+Shared window (smaller messages, or no cross-memory reads): each rank owns a
 slot of a shared window (``MPI.Win.Allocate_shared`` on
 ``Split_type(COMM_TYPE_SHARED)``) big enough for the whole vector; slot q is
-a plain numpy view on every rank, so data move by loads and stores, never by
-point-to-point messages.  With M elements split by :func:`~pycollective.partition`
-into N slices, rank i owning slice i:
+a plain numpy view on every rank.
 
 1. Copy-in: rank i copies its input *except its own slice* into its slot.  Its
-   own slice is only ever read by itself, from its private ``src``, so that
-   part of the copy is skipped.
-2. Sync (``Win.Sync``, ``Barrier``, ``Win.Sync``: the MPI-3 shared-memory
-   pattern under a ``Lock_all`` epoch held for the window's life).
-3. Reduce: rank i combines slice i of all N inputs, operands in rank order
-   0..N-1 (its own taken from ``src``), into slot_i[slice i], block by block
-   (``_BLOCK_BYTES``) so the partial result stays in cache across the N-1
-   kernel passes, and copies each block into ``dst`` while it is still in cache.
+   own slice is only ever read by itself, from its private ``src``.
+2. Sync.
+3. Reduce: rank i combines slice i of all N inputs (its own from ``src``)
+   into slot_i[slice i], block by block (``_BLOCK_BYTES``) so the partial
+   result stays in cache across the N-1 kernel passes, and copies each block
+   into ``dst`` while it is still in cache.
 4. Sync.
 5. Copy-out: rank i copies slice q from slot_q into ``dst`` for every q != i.
-6. For messages above ``_DOUBLE_LIMIT`` bytes, a last sync, so that the next
-   call's copy-in cannot overwrite a slot another rank is still copying out.
-   Smaller messages skip it: the window holds two regions used alternately,
-   and a rank can only reach the copy-in of call k+2 (same region as call k)
-   after every rank has entered call k+1's first sync, i.e. finished call k.
+6. Above 1 MiB, a last sync, so that the next call's copy-in cannot
+   overwrite a slot another rank is still copying out.  Smaller messages
+   skip it: the window holds two regions used alternately, and a rank can
+   only reach the copy-in of call k+2 (same region as call k) after every
+   rank has entered call k+1's first sync, i.e. finished call k.
 
-Small messages (up to ``_REPLICATE_BYTES``) take a shorter path: every rank
-copies its whole input into its slot, one sync, and every rank reduces the
-whole vector itself, operands in rank order 0..N-1.  Every rank does the
-same operations on the same bits, so results are bitwise identical; there is
-no second sync, and the two regions make the first one enough.
+Small messages (up to ``_REPLICATE_BYTES`` = 4 KiB) take a shorter path:
+every rank copies its whole input into its slot, one sync, and every rank
+reduces the whole vector itself, operands in rank order 0..N-1.
 
-Each element of the result is computed once (in the sliced path) or
-identically everywhere (small path), so all ranks hold the same bits.
+Results are bitwise identical on all ranks: each element is computed once
+(sliced paths) or by the same operations on the same bits everywhere (small
+path).
+
+Sync is :class:`FlagBarrier`: ``Win.Sync`` plus counters in shared memory
+(the MPI-3 "synchronise through shared memory" pattern, all windows under a
+``Lock_all`` epoch held for their life), which costs a few cache-line
+transfers instead of an ``MPI_Barrier``; waiting ranks keep MPI progress
+going and yield the core when they spin long.
 
 Windows are cached in the context (``ctx.cache["shm"]``) and only grow:
 allocation is collective, and the decision to grow depends only on the
@@ -41,12 +60,13 @@ same sizes every step); it is freed with the communicator.
 
 If the communicator spans several nodes, "shm" raises the same
 ``ValueError`` on every rank (every rank finds its node smaller than the
-communicator, without exchanging a message); use "hierarchical" there.  The
-ranks-per-node emulation of "hierarchical" does not apply to "shm".
+communicator, without exchanging a message; :func:`on_one_node` asks
+first); use "hierarchical" there.  The ranks-per-node emulation of
+"hierarchical" does not apply to "shm".
 
-Cost (s bytes per element, f = (N-1)/N): 2-3 syncs of ⌈log2 N⌉α each, copy-in
-and copy-out of f·M·s bytes each (charged at β: on one node a transfer *is*
-a memory copy), and the reduction of f·M·s bytes at γ:
+Cost (s bytes per element, f = (N-1)/N): 2-3 syncs of ⌈log2 N⌉α each, the
+reads (or copy-in) and the copy-out of f·M·s bytes each (charged at β: on one
+node a transfer *is* a memory copy), and the reduction of f·M·s bytes at γ:
 (2 + [M·s > limit])·⌈log2 N⌉·α + 2·f·M·s·β + f·M·s·γ.
 """
 
