@@ -8,7 +8,8 @@ as the algorithm is actually implemented: ceil-sized chunks when M is not a
 multiple of N, empty chunks that still cost a message when M < N, the fold
 and unfold of a non-power-of-two butterfly, the server's two directions in
 the parameter server.  :func:`predict` evaluates it; :func:`choose` takes the
-fastest, which is what ``allreduce(..., algorithm="auto")`` runs.
+fastest after calibration (below), which is what
+``allreduce(..., algorithm="auto")`` runs.
 
 Lecture formulas.  The lecture the project grew from (section 2.3 table 1,
 section 4.4 and its program ``allreduce_model.c``, exercise 1) writes
@@ -26,7 +27,7 @@ naive      (N-1)·M·w + α                (N-1)(α + M·w)
 
 :func:`lecture_predict` keeps the lecture's formulas so its numbers can be
 reproduced (and are pinned by tests); :func:`predict` is what the library
-believes about its own code and is what :func:`choose` uses.
+believes about its own code, and what :func:`choose` builds on.
 
 Units.  The lecture's tables 7 and 8 use ``w = 5e-11`` s per element, which
 its text calls "fp16 at 10 GB/s"; but 2 bytes at 10 GB/s take 2e-10 s (its
@@ -41,21 +42,30 @@ Calibration.  ``mpiexec -n N python -m pycollective.model --calibrate``
 (or ``scripts/run_mpi.sh N -m pycollective.model --calibrate``) measures on
 this machine, with all N ranks busy at once as they are inside an
 allreduce: α and β from ring exchanges (``Sendrecv`` to the right neighbour,
-from the left) over a range of message sizes, fitted by least squares on the
-relative error (so small and large sizes weigh alike), and γ per dtype from
-the reduction kernels.  The result is stored per communicator size N,
-because oversubscribed ranks (8 ranks on 2 cores) see a much larger α and β
-than 2 ranks do; sizes that were not calibrated are interpolated linearly
-in N (and clamped outside the calibrated range).  The file is JSON at
-``$PYCOLLECTIVE_MODEL`` if set, else ``$XDG_CACHE_HOME/pycollective/model.json``
-(``~/.cache/pycollective/model.json``); ``--output`` writes elsewhere, and
-calibrations at other N already in the file are kept.
+from the left) over a range of message sizes, by least squares on relative
+error (α from the small sizes, β from those out of cache), γ per dtype from
+the reduction kernels, β and γ also per size (a shared-memory node moves
+cached data several times faster than data from memory).  Then it times
+every registered algorithm at sizes 1..4^11 and stores, per algorithm and
+size, measured ÷ model: the model is only a model, and on our machine it
+misses by up to ~4x in places (the README lists where).  Everything is
+stored per communicator size N, because oversubscribed ranks (8 ranks on 2
+cores) see a much larger α than 2 ranks do; sizes that were not calibrated
+are interpolated linearly in N (and clamped outside the calibrated range).
+The file is JSON at ``$PYCOLLECTIVE_MODEL`` if set, else
+``$XDG_CACHE_HOME/pycollective/model.json`` (``~/.cache/pycollective/model.json``);
+``--output`` writes elsewhere, and calibrations at other N already in the
+file are kept.  ``--check`` times every algorithm again and says whether
+auto's choice is within 10 % of the fastest.
 
-Auto.  ``choose`` is a pure function of (N, M, dtype, op, parameters), so
-ranks agree as long as they hold the same parameters.  ``allreduce`` makes
-sure they do: on the first call on a communicator rank 0 loads the
-parameters and broadcasts them (:func:`_auto_for`), and choices are cached
-per (M, dtype, op) in the communicator's context.
+Auto.  :func:`choose` minimises :func:`explain`: per-call overhead +
+(measured ÷ model ratio at this size) × α-β-γ cost; with no calibration it
+is the bare model with :data:`DEFAULTS`.  It is a pure function of (N, M,
+dtype, op, parameters), so ranks agree as long as they hold the same
+parameters.  ``allreduce`` makes sure they do: on the first call on a
+communicator rank 0 loads the parameters and broadcasts them
+(:func:`_auto_for`), and choices are cached per (M, dtype, op) in the
+communicator's context.
 """
 
 import argparse
