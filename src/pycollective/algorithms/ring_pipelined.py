@@ -51,7 +51,7 @@ TAG_RS = 131
 TAG_AG = 132
 
 _DEPTH = 4  # receive segments in flight during the reduce-scatter
-_DEFAULT_SEGMENT_BYTES = 256 << 10
+_DEFAULT_SEGMENT_BYTES = 1 << 20  # best of 64 KiB..4 MiB at N = 2, 4, 8 (RESULTS.md)
 _segment_bytes = int(os.environ.get("PYCOLLECTIVE_SEGMENT_BYTES", _DEFAULT_SEGMENT_BYTES))
 if _segment_bytes <= 0:
     raise ValueError(f"PYCOLLECTIVE_SEGMENT_BYTES must be positive, got {_segment_bytes}")
