@@ -238,6 +238,56 @@ def breakdown(comm, count, reps):
                    "(median of max over ranks, per phase):", phases, local)
 
 
+def pieces(comm, n=20000):
+    """Per-call cost of the pieces of a 1-element shm allreduce (latency profile)."""
+    from pycollective import _api
+    x = np.arange(1, dtype=np.float32) + comm.Get_rank()
+    out = np.empty_like(x)
+    previous = pycollective.set_check(False)
+    pycollective.allreduce(x, out, algorithm="shm")
+    ctx = get_context(comm)
+    kernel = get_kernel("sum", x.dtype)
+    node = _shm_state(comm).node
+    slots = node.slots(0, x.nbytes, x.dtype)
+
+    def copy_and_reduce():
+        slots[node.rank][...] = x
+        shm.reduce_block(kernel, slots, out)
+
+    steps = [
+        ("native comm.Allreduce", lambda: comm.Allreduce(x, out)),
+        ("allreduce(shm), check off", lambda: pycollective.allreduce(x, out, algorithm="shm")),
+        ("  shm algorithm alone", lambda: shm.shm_allreduce(ctx, x, out, kernel)),
+        ("  fast-path checks, out of place", lambda: _api._fast_plan(x, out, MPI.SUM, None, "shm")),
+        ("  fast-path checks, in place",
+         lambda: _api._fast_plan(MPI.IN_PLACE, out, MPI.SUM, None, "shm")),
+        ("  region + slot views", lambda: (node.begin(x.nbytes), node.slots(0, x.nbytes, x.dtype))),
+        ("  copy-in + kernel", copy_and_reduce),
+        ("  flag barrier", node.barrier.sync),
+    ]
+    pycollective.set_check(True)
+    pycollective.allreduce(x, out, algorithm="shm")
+    steps.append(("allreduce(shm), check on", lambda: pycollective.allreduce(x, out, algorithm="shm")))
+    board = ctx.cache[_api._BOARD]
+    values = np.zeros(9, np.int64)
+    steps.append(("  agreement (shared-memory MAX)", lambda: board.max(values)))
+    for name, fn in steps:
+        if name == "allreduce(shm), check on":
+            pycollective.set_check(True)
+        for _ in range(500):
+            fn()
+        comm.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        t = comm.allreduce((time.perf_counter() - t0) / n, op=MPI.MAX)
+        if comm.Get_rank() == 0:
+            print(f"{name:36s} {t * 1e6:8.2f} us", flush=True)
+        if name == "allreduce(shm), check off":
+            pycollective.set_check(False)
+    pycollective.set_check(previous)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--M", nargs="+", type=_count, default=[10_000_000])
@@ -251,6 +301,8 @@ def main(argv=None):
     parser.add_argument("--inner", type=int, default=1,
                         help="back-to-back calls per sample for messages up to 64 KiB")
     parser.add_argument("--breakdown", type=_count, nargs="*")
+    parser.add_argument("--pieces", action="store_true",
+                        help="time the pieces of a 1-element shm call and stop")
     parser.add_argument("--segments", type=_count, nargs="*",
                         help="ring_pipelined segment sizes in bytes to compare")
     args = parser.parse_args(argv)
@@ -262,6 +314,9 @@ def main(argv=None):
         print(f"# N={comm.size} check={'off' if args.no_check else 'on'} reps={args.reps} "
               f"warmup={args.warmup} inner={args.inner}" + (f" membw_per_rank={bw / 1e9:.1f} GB/s traffic" if bw else ""),
               flush=True)
+    if args.pieces:
+        pieces(comm)
+        return 0
     wrong = 0
     if args.segments:
         for seg in args.segments:
