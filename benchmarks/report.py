@@ -3,8 +3,8 @@
     python benchmarks/report.py benchmarks/results/<stamp>
 
 Reads every ``sweep_N*.json`` written by ``python -m pycollective.bench
---json`` in the directory (and ``commands.txt``, ``phase1_*.txt`` if
-present), and writes ``report.md`` beside them: the machine and software,
+--json`` in the directory (and ``commands.txt`` and the outputs of
+single-size runs, ``single_*.txt``, if present), and writes ``report.md`` beside them: the machine and software,
 the calibration, the auto score (per N and overall), and for each N a
 matrix of median times (out of place and in place) with the measured
 fastest algorithm in bold and the model's choice marked, followed by the
@@ -58,12 +58,15 @@ def _matrix(rows, names, inplace):
     return "\n".join(lines)
 
 
-def _calibration(cal):
+def _calibration(cal, directory):
     if not cal:
         return "none (the model was not available)"
     keys = ("alpha", "beta", "gamma")
     vals = ", ".join(f"{k} = {cal[k]:.3g}" for k in keys if k in cal)
-    return f"{vals} (from {cal.get('source')})"
+    source = str(cal.get("source"))
+    if os.path.isfile(source) and os.path.samefile(os.path.dirname(source) or ".", directory):
+        source = os.path.basename(source) + " (in this directory)"
+    return f"{vals}; from {source}"
 
 
 def build(directory):
@@ -77,7 +80,10 @@ def build(directory):
         with open(path) as f:
             runs.append(json.load(f))
     env = runs[0]["environment"]
-    out = [f"# Allreduce sweep, {env['time_utc']}", ""]
+    finished = ", ".join(f"N={r['measurements'][0]['nranks']} {r['environment']['time_utc']}"
+                         for r in runs if r["measurements"])
+    out = [f"# Allreduce sweep {os.path.basename(os.path.abspath(directory))}", "",
+           f"Finished: {finished}.", ""]
     cmd_file = os.path.join(directory, "commands.txt")
     if os.path.exists(cmd_file):
         with open(cmd_file) as f:
@@ -107,7 +113,7 @@ def build(directory):
         bad += sum(1 for r in rows if not (r["identical"] and r["input_intact"]))
         pct = f"{100 * score['score']:.0f} %" if score["score"] is not None else "n/a"
         summary.append(f"| {n} | {score['scored']} | {score['hits']} | {pct} | "
-                       f"{_calibration(run.get('calibration'))} |")
+                       f"{_calibration(run.get('calibration'), directory)} |")
         names = []
         for r in rows:
             if r["name"] not in names:
@@ -133,10 +139,12 @@ def build(directory):
             *summary, "", f"**Overall: {overall}.**", "",
             f"Checks: {wrong} wrong elements and {bad} runs with differing replicas or a "
             "modified input, over every measurement of the sweep.", ""]
-    phase1 = sorted(glob.glob(os.path.join(directory, "phase1_*.txt")))
-    for path in phase1:
+    singles = sorted(glob.glob(os.path.join(directory, "single_*.txt")))
+    if singles:
+        out += ["## Single-size runs", ""]
+    for path in singles:
         with open(path) as f:
-            out += [f"## {os.path.basename(path)[:-4]}", "", "```", f.read().strip(), "```", ""]
+            out += ["```", f.read().strip(), "```", ""]
     out += sections
     path = os.path.join(directory, "report.md")
     with open(path, "w") as f:
