@@ -223,7 +223,9 @@ def test_shm_large_paths(cma):
         comm = world.Dup()
         try:
             for dtype, op, count in (("float32", "sum", 300_007), ("int64", "max", 1_000_003),
-                                     ("float16", "sum", 700_001), ("float64", "prod", 262_145)):
+                                     ("float16", "sum", 700_001), ("float64", "prod", 262_145),
+                                     ("int32", "sum", 400_001), ("int64", "sum", 300_001),
+                                     ("float64", "sum", 1_500_007)):
                 _check(comm, "shm", dtype, op, count, failures, f"cma={cma}")
             state = get_context(comm).cache["shm"]
             if cma == "0":
