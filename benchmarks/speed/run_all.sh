@@ -44,7 +44,9 @@ run() {
     run 2 $m --M 1e7 3e7 --membw --reps 9
     run 4 $m --M 1e7 --membw --reps 7
     run 8 $m --M 1e7 --membw --reps 5
-    # Small messages: back-to-back calls, agreement on and off.
+    # Small messages: the pieces of one call, then back-to-back calls,
+    # agreement on and off.
+    run 2 $m --pieces
     for n in 2 4 8; do
         run $n $m --M 1 1000 --inner 200 --reps 15 --warmup 50 \
             --algs native shm butterfly tree rabenseifner ring
