@@ -16,8 +16,8 @@
 # size then takes 10+ minutes for all algorithms.  The single 1e8 point is
 # measured for the ring by the command instead (see the README).
 #
-# Environment: NS (default "2 4 8"), MAXCOUNT (1e7), FACTOR (10; the size
-# step), ITERS (30: at most this many timed repetitions), WARMUP (2),
+# Environment: NS (default "2 4 8"), MAXCOUNT (1e7), FACTOR (3.16227766:
+# half-decade steps, 15 sizes from 1 to 1e7), ITERS (30: at most this many timed repetitions), WARMUP (2),
 # BUDGET (6 s of timed repetitions per size, all algorithms together, at
 # least 3 repetitions), CALIBRATE (1: calibrate the model first at every N
 # into the results directory; 0: use the model's default calibration),
@@ -28,7 +28,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
 NS=${NS:-"2 4 8"}
 MAXCOUNT=${MAXCOUNT:-1e7}
-FACTOR=${FACTOR:-10}
+FACTOR=${FACTOR:-3.16227766}
 ITERS=${ITERS:-30}
 WARMUP=${WARMUP:-2}
 BUDGET=${BUDGET:-6}

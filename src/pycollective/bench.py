@@ -297,18 +297,21 @@ def parse_args(argv, nranks):
 def sweep_counts(lo, hi, factor):
     """Counts from ``lo`` to ``hi`` multiplying by ``factor`` (``hi`` always included).
 
-    A sweep starting at 0 continues from 1.  Rounded counts that repeat are dropped.
+    Step k is ``round(lo * factor**k)`` (not a running product, so rounding
+    does not drift); a sweep starting at 0 continues from 1.  Counts that
+    round to the previous one are dropped.
     """
-    counts = []
-    c = float(lo)
+    counts = [0] if lo == 0 else []
+    base = max(lo, 1)
+    k = 0
     while True:
-        n = int(round(c))
+        n = int(round(base * factor ** k))
         if n > hi:
             break
         if not counts or n != counts[-1]:
             counts.append(n)
-        c = c * factor if c > 0 else 1.0
-    if counts[-1] != hi:
+        k += 1
+    if not counts or counts[-1] != hi:
         counts.append(hi)
     return counts
 
