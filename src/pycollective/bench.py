@@ -89,8 +89,12 @@ columns (single size, --M):
   native bw   in the same run, interleaved repetition by repetition
               (native busbw, GB/s)
   ratio       native time / our time: above 1 we are faster than native
-  pred(us)    time predicted by pycollective.model (if installed) with the
-  err%        calibration in use; err% = 100 * (pred / time - 1)
+  model(us)   the bare alpha-beta-gamma cost, pycollective.model.predict,
+              with the calibration's alpha, beta, gamma for this N
+  pred(us)    what algorithm="auto" believes, model.explain: that cost times
+              the calibration's measured correction for this algorithm and
+              size, plus the per-call overhead (= model(us) uncalibrated)
+  err%        100 * (pred / time - 1)
   #wrong      elements that are not bit-for-bit equal to native
               comm.Allreduce's result, summed over ranks (worst repetition).
               The input data are small integers for which every reduction
@@ -105,11 +109,11 @@ columns (single size, --M):
 sweeps (--minbytes/--maxbytes or --mincount/--maxcount):
   one table per algorithm and one for native, in the nccl-tests layout:
   size (B), count, type, redop, then for out-of-place and in-place:
-  time (us), algbw, busbw (GB/s), #wrong; then pred(us) and err%.  With the
-  model installed, a last table shows the measured fastest algorithm at
-  every size, the model's choice (what algorithm="auto" runs), and the
-  auto score: the fraction of sizes where the choice is the fastest or
-  within 10 % of it.
+  time (us), algbw, busbw (GB/s), #wrong; then model(us), pred(us), err%.
+  With the model installed, a last table shows the measured fastest
+  algorithm at every size, the model's choice (what algorithm="auto"
+  runs), and the auto score: the fraction of sizes where the choice is
+  the fastest or within 10 % of it.
 
 exit status: 0 when every element of every run is right, replicas agree and
 inputs are intact; 1 otherwise; 2 for bad arguments (on every rank, before
@@ -214,7 +218,8 @@ def build_parser():
                             "together take about this long (at least 3 repetitions)")
     model = p.add_argument_group("cost model (pycollective.model)")
     model.add_argument("--params", default=None, metavar="FILE",
-                       help="calibration file for predictions (default: the model's own)")
+                       help="calibration file for the predictions and for algorithm='auto' "
+                            "(sets PYCOLLECTIVE_MODEL for the run; default: the model's own)")
     model.add_argument("--explain", action="store_true",
                        help="print every algorithm's predicted time and the automatic choice")
     out = p.add_argument_group("output")
@@ -355,6 +360,17 @@ def _predict(model, params, name, nranks, count, dtype):
         return None
 
 
+def _calibrated(model, params, nranks, count, dtype):
+    """``{algorithm: seconds}`` that ``algorithm="auto"`` believes (``model.explain``), or {}."""
+    explain = getattr(model, "explain", None)
+    if explain is None or params is None or nranks < 2:
+        return {}
+    try:
+        return {k: float(v) for k, v in explain(nranks, count, dtype, params=params).items()}
+    except (KeyError, ValueError):
+        return {}
+
+
 def _choose(model, params, nranks, count, dtype, op):
     if model is None or params is None or nranks < 2:
         return None
@@ -392,7 +408,8 @@ def _single_table(rows):
         ("ratio", lambda r: fmt_num(r["ratio"])),
     ]
     if any(r.get("pred") is not None for r in rows):
-        cols += [("pred(us)", lambda r: _t_us(r.get("pred"))), ("err%", _err_pct)]
+        cols += [("model(us)", lambda r: _t_us(r.get("pred_bare"))),
+                 ("pred(us)", lambda r: _t_us(r.get("pred"))), ("err%", _err_pct)]
     cols += [
         ("#wrong", lambda r: str(r["wrong"])),
         ("maxerr", lambda r: fmt_num(r["maxerr"])),
@@ -428,7 +445,8 @@ def _sweep_tables(rows, names, modes):
                 (f"{tag} #wrong", lambda ln, k=k: str(ln[k]["wrong"]) if name != "native" else "-"),
             ]
         if with_pred and name != "native":
-            cols += [("pred(us)", lambda ln: _t_us(ln[0].get("pred"))),
+            cols += [("model(us)", lambda ln: _t_us(ln[0].get("pred_bare"))),
+                     ("pred(us)", lambda ln: _t_us(ln[0].get("pred"))),
                      ("err%", lambda ln: _err_pct(ln[0]))]
         problems = [r for ln in lines for r in ln if not (r["identical"] and r["input_intact"])]
         note = ""
@@ -494,16 +512,19 @@ def _score_table(score):
 
 
 def _explain(model, params, names, nranks, count, dtype, op):
-    rows = [(n, _predict(model, params, n, nranks, count, dtype)) for n in names]
+    """Every registered algorithm's bare and calibrated prediction, and the choice."""
+    calibrated = _calibrated(model, params, nranks, count, dtype)
     pick = _choose(model, params, nranks, count, dtype, op)
-    lines = [f"# model prediction for N={nranks}, M={count} {dtype} {op} "
-             f"(alpha={params['alpha']:.3g} s, beta={params['beta']:.3g} s/B, "
-             f"gamma={_gamma(params, dtype):.3g} s/B, from {params.get('source')})"]
-    for n, t in sorted(rows, key=lambda x: (x[1] is None, x[1] or 0)):
-        mark = "  <- choice" if n == pick else ""
-        lines.append(f"#   {n:>10s}  {_t_us(t):>12s} us{mark}")
-    if pick not in names:
-        lines.append(f"#   choice: {pick}")
+    everyone = list(dict.fromkeys(list(calibrated) + [n for n in names if n != "auto"]))
+    rows = [(n, _predict(model, params, n, nranks, count, dtype), calibrated.get(n))
+            for n in everyone]
+    lines = [f"# model for N={nranks}, M={count} {dtype} {op}: alpha={params['alpha']:.3g} s, "
+             f"beta={params['beta']:.3g} s/B, gamma={_gamma(params, dtype):.3g} s/B "
+             f"(from {params.get('source')})",
+             f"# {'algorithm':>14s}  {'model(us)':>10s}  {'pred(us)':>10s}"]
+    for n, bare, cal in sorted(rows, key=lambda x: (x[2] is None, x[2] or 0, x[1] or 0)):
+        mark = "  <- choice (algorithm='auto')" if n == pick else ""
+        lines.append(f"# {n:>14s}  {_t_us(bare):>10s}  {_t_us(cal):>10s}{mark}")
     return "\n".join(lines)
 
 
@@ -603,6 +624,11 @@ def main(argv=None, comm=None, out=None):
     cases = [algorithm_case(n) for n in args.algorithms]
 
     previous_check = _api.set_check(not args.no_agree)
+    # algorithm="auto" must run on the calibration the predictions use: the
+    # library reads $PYCOLLECTIVE_MODEL on a communicator's first call.
+    previous_model = os.environ.get("PYCOLLECTIVE_MODEL")
+    if args.params is not None:
+        os.environ["PYCOLLECTIVE_MODEL"] = os.path.abspath(args.params)
     rows = []
     progress = _Progress(len(args.counts) * len(args.modes), enabled=rank == 0)
     try:
@@ -611,6 +637,7 @@ def main(argv=None, comm=None, out=None):
                 print(_explain(model, params, args.algorithms, nranks, count, dtype.name,
                                args.op), file=out, flush=True)
             pick = _choose(model, params, nranks, count, dtype.name, args.op)
+            calibrated = _calibrated(model, params, nranks, count, dtype.name)
             for inplace in args.modes:
                 got = _harness.measure(comm, ALLREDUCE, cases, count, dtype, args.op,
                                        inplace=inplace, iters=args.iters, warmup=args.warmup,
@@ -620,8 +647,12 @@ def main(argv=None, comm=None, out=None):
                     r["native_time"], r["native_busbw"] = native["time"], native["busbw"]
                     r["ratio"] = (native["time"] / r["time"]) if r["time"] > 0 else float("nan")
                     predicted_name = pick if r["name"] == "auto" else r["name"]
-                    r["pred"] = (None if r["name"] == "native" or predicted_name is None else
-                                 _predict(model, params, predicted_name, nranks, count, dtype))
+                    mine = r["name"] != "native" and predicted_name is not None
+                    r["pred_bare"] = (_predict(model, params, predicted_name, nranks, count, dtype)
+                                      if mine else None)
+                    r["pred"] = calibrated.get(predicted_name) if mine else None
+                    if r["pred"] is None:
+                        r["pred"] = r["pred_bare"]
                     r["pred_busbw"] = (None if not r["pred"] else
                                        _harness.busbw(r["bytes"], r["pred"],
                                                       ALLREDUCE.busbw_factor(nranks)))
@@ -630,6 +661,11 @@ def main(argv=None, comm=None, out=None):
                 progress.step(f"{count} el {'ip' if inplace else 'oop'}")
     finally:
         _api.set_check(previous_check)
+        if args.params is not None:
+            if previous_model is None:
+                os.environ.pop("PYCOLLECTIVE_MODEL", None)
+            else:
+                os.environ["PYCOLLECTIVE_MODEL"] = previous_model
 
     score = auto_score(rows, [n for n in args.algorithms if n != "auto"])
     report = dict(environment=_harness.environment(comm), calibration=params,
