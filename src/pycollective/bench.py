@@ -685,7 +685,7 @@ def main(argv=None, comm=None, out=None):
         out.flush()
     if rank == 0 and args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(report, measurements=rows), f, indent=1, default=_json_default)
+            json.dump(dict(report, measurements=rows), f, default=_json_default)
     if rank == 0 and args.plot:
         plot(rows, args.algorithms, args.plot,
              f"allreduce {dtype.name} {args.op}, N={nranks}: measured busbw (points), "
