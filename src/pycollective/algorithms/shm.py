@@ -74,11 +74,9 @@ import ctypes
 import math
 import os
 
-import numba
 import numpy as np
 from mpi4py import MPI
 
-from .. import _kernels
 from .._partition import chunk_bounds
 from .._registry import register
 
@@ -473,33 +471,6 @@ class CrossMemory:
         self.win.Free()
 
 
-@numba.njit(cache=True, nogil=True)
-def _sum_rows(own, rows, pos, out):
-    """``out = x_0 + x_1 + ... + x_{N-1}`` in that order, one pass.
-
-    ``own`` is x_pos; ``rows`` holds the other N-1 operands in rank order.
-    Same additions in the same order as N-1 passes of the pairwise sum
-    kernel, so the same bits (integers wrap the same way: the sum is taken
-    modulo 2**bits either way), but each operand is read once and ``out``
-    written once.  ``own`` is read before ``out[j]`` is written, so ``out``
-    may be ``own`` (in place).
-    """
-    k = rows.shape[0]
-    for j in range(out.shape[0]):
-        if pos == 0:
-            acc = own[j]
-            for t in range(k):
-                acc = acc + rows[t, j]
-        else:
-            acc = rows[0, j]
-            for t in range(1, pos):
-                acc = acc + rows[t, j]
-            acc = acc + own[j]
-            for t in range(pos, k):
-                acc = acc + rows[t, j]
-        out[j] = acc
-
-
 def cma_allreduce_on(cross, src, dst, kernel):
     """Single-copy variant: the reduce reads the others' ``src``, the copy-out their ``dst``."""
     n, r = cross.size, cross.rank
@@ -518,17 +489,6 @@ def cma_allreduce_on(cross, src, dst, kernel):
     tmp = cross.scratch(n * block * itemsize)
     staged = [tmp[i * block * itemsize:(i + 1) * block * itemsize].view(dst.dtype)
               for i in range(n)]
-    if kernel is _kernels.get_kernel("sum", dst.dtype) and dst.dtype.kind in "iuf" \
-            and dst.dtype != np.float16:
-        # Plain sums (the training case): one fused pass per block.
-        rows = tmp[:(n - 1) * block * itemsize].view(dst.dtype).reshape(n - 1, block)
-        for b in range(lo, hi, block):
-            e = min(b + block, hi)
-            for i, q in enumerate(q for q in range(n) if q != r):
-                cross.read(q, srcs[q] + b * itemsize, staged[i][:e - b])
-            _sum_rows(src[b:e], rows[:, :e - b], r, dst[b:e])
-        _cma_copy_out(cross, dst, bounds, dsts)
-        return
     # In place, the first kernel pass writes dst before a rank r >= 2 has
     # read its own operand (operands go in rank order), so stage it too.
     own_staged = r >= 2 and np.may_share_memory(src, dst)
@@ -549,15 +509,10 @@ def cma_allreduce_on(cross, src, dst, kernel):
                 cross.read(q, srcs[q] + b * itemsize, part)
                 operands.append(part)
         reduce_block(kernel, operands, dst[b:e])
-    _cma_copy_out(cross, dst, bounds, dsts)
-
-
-def _cma_copy_out(cross, dst, bounds, dsts):
     cross.sync()
-    itemsize = dst.itemsize
-    for q in range(cross.size):
+    for q in range(n):
         qlo, qhi = bounds[q], bounds[q + 1]
-        if q != cross.rank and qhi > qlo:
+        if q != r and qhi > qlo:
             cross.read(q, dsts[q] + qlo * itemsize, dst[qlo:qhi])
     cross.sync()  # nobody returns (and lets its dst change) while others read it
 
