@@ -73,7 +73,8 @@ def init_params(sizes, dtype, seed):
     rng = np.random.default_rng(seed)
     params = []
     for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
-        params.append((rng.standard_normal((fan_in, fan_out)) * np.sqrt(2.0 / fan_in)).astype(dtype))
+        w = rng.standard_normal((fan_in, fan_out)) * np.sqrt(2.0 / fan_in)
+        params.append(w.astype(dtype))
         params.append(np.zeros(fan_out, dtype))
     return params
 
@@ -355,15 +356,18 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--allreduce", default="auto", choices=choices,
-                   help="native: MPI.COMM_WORLD itself; otherwise pycollective.Comm with this algorithm")
+                   help="native: MPI.COMM_WORLD itself; otherwise pycollective.Comm "
+                        "with this algorithm")
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=64, help="global batch, split over the ranks")
     p.add_argument("--hidden", default="64,64", help="hidden layer widths")
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="adam")
     p.add_argument("--mode", choices=["tensor", "bucket", "overlap"], default="bucket",
-                   help="one allreduce per tensor / per bucket after backward / per bucket during backward")
-    p.add_argument("--bucket-mb", type=float, default=25.0, help="bucket cap in MiB (DDP's default)")
+                   help="one allreduce per tensor / per bucket after backward / "
+                        "per bucket during backward")
+    p.add_argument("--bucket-mb", type=float, default=25.0,
+                   help="bucket cap in MiB (DDP's default)")
     p.add_argument("--dtype", choices=sorted(TOLERANCE), default="float32")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-reference", action="store_true",
@@ -393,14 +397,15 @@ def main(argv=None):
         comp, comm_s = sum(e["compute"] for e in h), sum(e["comm"] for e in h)
         print(f"final test accuracy {result['accuracy']:.4f}; {result['steps']} steps; "
               f"parameters bitwise identical on all {comm.Get_size()} rank(s) after every step; "
-              + (f"max relative deviation from single-process training {result['max_deviation']:.2e}; "
-                 if not args.no_reference else "")
+              + ("max relative deviation from single-process training "
+                 f"{result['max_deviation']:.2e}; " if not args.no_reference else "")
               + f"time: compute {comp:.3f} s, communication {comm_s:.3f} s", file=out)
     if args.compare:
         chidden = tuple(int(h) for h in (args.compare_hidden or args.hidden).split(",") if h)
-        times, exposed, nb, small = compare(comm, steps=args.compare_steps, batch_size=args.batch_size,
-                                   hidden=chidden, dtype=args.dtype,
-                                   cap_bytes=int(args.bucket_mb * 2 ** 20))
+        times, exposed, nb, small = compare(comm, steps=args.compare_steps,
+                                            batch_size=args.batch_size, hidden=chidden,
+                                            dtype=args.dtype,
+                                            cap_bytes=int(args.bucket_mb * 2 ** 20))
         if out:
             print(f"# compare: model [64, {', '.join(map(str, chidden))}, 10], global batch "
                   f"{args.batch_size}, {args.compare_steps} steps x 3 rounds, median time per step "
