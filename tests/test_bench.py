@@ -339,3 +339,35 @@ def test_params_file_must_exist(tmp_path):
     with pytest.raises(SystemExit) as info:
         parse("ring", "--params", str(tmp_path / "missing.json"))
     assert info.value.code == 2
+
+
+class _Stream:
+    def __init__(self, tty):
+        self.tty, self.text = tty, ""
+
+    def isatty(self):
+        return self.tty
+
+    def write(self, s):
+        self.text += s
+
+    def flush(self):
+        pass
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_progress_bar_only_on_a_terminal(monkeypatch, tty):
+    stream = _Stream(tty)
+    monkeypatch.setattr(bench.sys, "stderr", stream)
+    bar = bench._Progress(2, enabled=True)
+    bar.step("first")
+    bar.step("second")
+    if tty:
+        assert "1/2 first" in stream.text and "2/2 second" in stream.text
+        assert "#" * 30 in stream.text and stream.text.endswith("\n")
+    else:
+        assert stream.text == ""
+    before = stream.text
+    quiet = bench._Progress(2, enabled=False)  # ranks other than 0
+    quiet.step("x")
+    assert stream.text == before
