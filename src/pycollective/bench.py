@@ -385,7 +385,7 @@ def _t_us(seconds):
 
 def _err_pct(row):
     pred, t = row.get("pred"), row["time"]
-    if pred is None or not t > 0:
+    if not pred or not t > 0:  # no prediction, or none for an empty vector
         return "-"
     return f"{100.0 * (pred / t - 1):+.0f}"
 
@@ -393,7 +393,8 @@ def _err_pct(row):
 def _single_table(rows):
     """Phase-1 table: one line per (mode, algorithm), native in its own columns."""
     cols = [
-        ("algorithm", lambda r: f"auto->{r['auto']}" if r["name"] == "auto" else r["name"]),
+        ("algorithm", lambda r: f"auto->{r['auto']}" if r["name"] == "auto" and r.get("auto")
+         else r["name"]),
         ("N", lambda r: str(r["nranks"])),
         ("M", lambda r: str(r["count"])),
         ("dtype", lambda r: r["dtype"]),
