@@ -22,17 +22,17 @@ must be done the same way for every implementation:
 * before every repetition, outside the timing, the result buffer is poisoned
   (out of place) or restored from the pristine input (in place), so a result
   left over from an earlier call can never pass for a new one;
-* after every repetition, outside the timing, the result is compared with the
-  reference's result of the same repetition, bit for bit (tolerance 0: the
-  input data make every reduction exact, see :func:`fill_exact`), and its
-  CRC-32 is kept;
+* after every call (warm-up calls included), outside the timing, the result
+  is compared with the reference's result of the same repetition, bit for
+  bit (tolerance 0: the input data make every reduction exact, see
+  :func:`fill_exact`), and its CRC-32 is kept;
 * after every call, the CRC-32 of the send buffer is compared with the
   input's: a case that writes into its send buffer is blamed (and the input
   restored for the next case);
 * at the end, a handful of collectives make every rank agree on the times
   (max over ranks), the wrong-element counts (summed over ranks, worst
-  repetition), the largest error, whether all ranks held bitwise-identical
-  results (CRC-32 of every repetition), and which cases touched their input.
+  call), the largest error, whether all ranks held bitwise-identical
+  results (CRC-32 after every call), and which cases touched their input.
 
 The table/JSON helpers at the bottom are shared by every report.
 """
@@ -52,7 +52,7 @@ from typing import Callable
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["Case", "Collective", "measure", "fill_exact", "exact_values", "parse_count",
+__all__ = ["Case", "Collective", "measure", "fill_exact", "exact_values", "compare", "parse_count",
            "parse_size", "algbw", "busbw", "format_table", "environment"]
 
 _BLOCK = 1 << 20  # elements per block when generating or checking data
@@ -336,9 +336,9 @@ def measure(comm, collective, cases, count, dtype, op, *, inplace=False, iters=1
         ``count``, ``dtype``, ``op``, ``inplace``, ``bytes``, ``iters``,
         ``times`` (seconds per repetition, max over ranks), ``time``
         (median), ``algbw``, ``busbw`` (GB/s), ``wrong`` (elements differing
-        from the reference, summed over ranks, worst repetition; always 0
-        for the reference itself), ``maxerr``, ``identical`` (all ranks held
-        bitwise-identical results in every repetition), ``input_intact``
+        from the reference, summed over ranks, worst call, warm-up included;
+        always 0 for the reference itself), ``maxerr``, ``identical`` (all
+        ranks held bitwise-identical results after every call), ``input_intact``
         (the send buffer held the original input after every call of this
         case, on every rank).
     """
@@ -351,44 +351,51 @@ def measure(comm, collective, cases, count, dtype, op, *, inplace=False, iters=1
     expected = np.empty(count, dtype)
 
     send_crc = _crc(send)
-    changed = np.zeros(len(allcases), np.int64)
+    ncases = len(allcases)
+    changed = np.zeros(ncases, np.int64)
+    maxerr = np.zeros(ncases)
+    # Per case, one entry per call, warm-up calls included: a result that is
+    # wrong only on the first call (state built lazily) must not escape.
+    wrong_calls = [[] for _ in allcases]
+    crc_calls = [[] for _ in allcases]
 
     def buffer_of(k):
         return expected if k == 0 else ours
 
-    def check_input(k):
+    def call(k, case):
+        """One timed call of case ``k`` and its checks (outside the timing)."""
+        out = buffer_of(k)
+        seconds = _time_one(comm, case, send, out, op, inplace, send)
+        crc_calls[k].append(_crc(out))
+        n = 0
+        if k > 0:  # ``expected`` holds the reference's result on this input
+            n, err = compare(ours, expected)
+            maxerr[k] = max(maxerr[k], err)
+        wrong_calls[k].append(n)
         if _crc(send) != send_crc:
             # Blame this case, and give the next ones their true input back.
             changed[k] += 1
             collective.init(send, rank, nranks, op)
+        return seconds
 
-    # Warm-up, timed locally only to size the run under a budget.
+    # Warm-up (the reference first, so there is an expected result), timed
+    # locally only to size the run under a budget.
     spent = np.zeros(1)
     for k, case in enumerate(allcases):
         for _ in range(warmup):
-            spent[0] += _time_one(comm, case, send, buffer_of(k), op, inplace, send)
-            check_input(k)
+            spent[0] += call(k, case)
     if budget is not None and warmup > 0:
         comm.Allreduce(MPI.IN_PLACE, spent, op=MPI.MAX)
         per_rep = spent[0] / warmup
         if per_rep > 0:
             iters = max(min_iters, min(iters, int(budget / per_rep)))
 
-    ncases = len(allcases)
     times = np.zeros((ncases, iters))
-    wrong = np.zeros((ncases, iters), np.int64)
-    maxerr = np.zeros(ncases)
-    crcs = np.zeros((ncases, iters), np.int64)
     for it in range(iters):
         for k, case in enumerate(allcases):
-            out = buffer_of(k)
-            times[k, it] = _time_one(comm, case, send, out, op, inplace, send)
-            crcs[k, it] = _crc(out)
-            if k > 0:
-                n, err = compare(ours, expected)
-                wrong[k, it] = n
-                maxerr[k] = max(maxerr[k], err)
-            check_input(k)
+            times[k, it] = call(k, case)
+    wrong = np.array(wrong_calls, np.int64).reshape(ncases, warmup + iters)
+    crcs = np.array(crc_calls, np.int64).reshape(ncases, warmup + iters)
 
     # Agreement: max of times, sum of wrong counts, max error, CRC equality.
     comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
@@ -409,7 +416,7 @@ def measure(comm, collective, cases, count, dtype, op, *, inplace=False, iters=1
             inplace=bool(inplace), bytes=nbytes, iters=iters,
             times=[float(x) for x in times[k]], time=float(t),
             algbw=algbw(nbytes, t), busbw=busbw(nbytes, t, factor),
-            wrong=int(wrong[k].max()) if iters else 0, maxerr=float(maxerr[k]),
+            wrong=int(wrong[k].max()) if wrong.size else 0, maxerr=float(maxerr[k]),
             identical=bool(np.array_equal(crc_lo[k], crc_hi[k])),
             input_intact=bool(changed[k] == 0)))
     return rows

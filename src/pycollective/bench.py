@@ -96,13 +96,14 @@ columns (single size, --M):
               size, plus the per-call overhead (= model(us) uncalibrated)
   err%        100 * (pred / time - 1)
   #wrong      elements that are not bit-for-bit equal to native
-              comm.Allreduce's result, summed over ranks (worst repetition).
+              comm.Allreduce's result, summed over ranks (worst call, warm-up
+              calls included).
               The input data are small integers for which every reduction
               order is exact (see pycollective._harness.exact_values), so
               the tolerance is 0: any difference is an error
   maxerr      largest |ours - native| over all elements, ranks, repetitions
-  same        yes if every rank held bitwise-identical results in every
-              repetition (CRC-32 of the result compared across ranks)
+  same        yes if every rank held bitwise-identical results after every
+              call (CRC-32 of the result compared across ranks)
   input       ok if the send buffer still holds its original data after all
               runs (the caller's send buffer must never be modified)
 

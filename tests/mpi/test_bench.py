@@ -85,7 +85,16 @@ def _broken_cases():
         comm.Allreduce(MPI.IN_PLACE if sendbuf is MPI.IN_PLACE else sendbuf, recvbuf,
                        op=MPI.SUM)
 
-    return [_harness.Case(f.__name__, f) for f in (stale, drifting, swapped, scribbler)]
+    calls = []
+
+    def first_call(comm, sendbuf, recvbuf, op):
+        pycollective.allreduce(sendbuf, recvbuf, op, comm=comm, algorithm="ring")
+        calls.append(1)
+        if len(calls) == 1:  # wrong once, in the warm-up (lazily built state)
+            recvbuf[0] += 1
+
+    return [_harness.Case(f.__name__, f)
+            for f in (stale, drifting, swapped, scribbler, first_call)]
 
 
 @pytest.mark.mpi(min_size=2)
@@ -103,12 +112,13 @@ def test_harness_catches_broken_algorithms(inplace):
     assert by["drifting"]["wrong"] == 1 and not by["drifting"]["identical"]
     assert by["swapped"]["wrong"] > 0 and by["swapped"]["identical"]
     assert by["scribbler"]["input_intact"] == inplace  # only out of place has an input to spoil
+    assert by["first_call"]["wrong"] == n  # element 0 on every rank, first call only
     # The good algorithm after them is unaffected: inputs are restored, outputs poisoned.
     for name in ("native", "ring"):
         r = by[name]
         assert r["wrong"] == 0 and r["identical"] and r["input_intact"], r
     assert {r["name"] for r in bench.failures(rows)} == (
-        {"stale", "drifting", "swapped"} | (set() if inplace else {"scribbler"}))
+        {"stale", "drifting", "swapped", "first_call"} | (set() if inplace else {"scribbler"}))
 
 
 @pytest.mark.mpi(min_size=2)
