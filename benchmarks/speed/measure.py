@@ -48,7 +48,8 @@ def _count(text):
 
 def _data(rank, count):
     # Integer-valued floats, exact in float32 for sums over <= 8 ranks.
-    return ((np.arange(count, dtype=np.int64) * 37 + rank * 101 + 7) % 2001 - 1000).astype(np.float32)
+    h = np.arange(count, dtype=np.int64) * 37 + rank * 101 + 7
+    return (h % 2001 - 1000).astype(np.float32)
 
 
 def _caller(comm, name, send, out):
@@ -267,7 +268,8 @@ def pieces(comm, n=20000):
     ]
     pycollective.set_check(True)
     pycollective.allreduce(x, out, algorithm="shm")
-    steps.append(("allreduce(shm), check on", lambda: pycollective.allreduce(x, out, algorithm="shm")))
+    steps.append(("allreduce(shm), check on",
+                  lambda: pycollective.allreduce(x, out, algorithm="shm")))
     board = ctx.cache[_api._BOARD]
     values = np.zeros(9, np.int64)
     steps.append(("  agreement (shared-memory MAX)", lambda: board.max(values)))
@@ -312,7 +314,8 @@ def main(argv=None):
     bw = membw(comm) if args.membw else None
     if comm.rank == 0:
         print(f"# N={comm.size} check={'off' if args.no_check else 'on'} reps={args.reps} "
-              f"warmup={args.warmup} inner={args.inner}" + (f" membw_per_rank={bw / 1e9:.1f} GB/s traffic" if bw else ""),
+              f"warmup={args.warmup} inner={args.inner}"
+              + (f" membw_per_rank={bw / 1e9:.1f} GB/s traffic" if bw else ""),
               flush=True)
     if args.pieces:
         pieces(comm)

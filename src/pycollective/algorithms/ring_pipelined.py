@@ -99,7 +99,8 @@ def _reduce_scatter(ctx, src, out, kernel, bounds, seg):
     incoming = []
     for k in range(n - 1):
         t = (r - k - 2) % n
-        incoming.extend((k, bounds[t], lo, hi) for lo, hi in _segments(bounds[t], bounds[t + 1], seg))
+        incoming.extend((k, bounds[t], lo, hi)
+                        for lo, hi in _segments(bounds[t], bounds[t + 1], seg))
 
     first = (r - 1) % n
     sends = [comm.Isend(msg(src[lo:hi]), right, TAG_RS)
