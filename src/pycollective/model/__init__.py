@@ -1040,7 +1040,8 @@ def _list_arg(text):
     try:
         values = [int(float(x)) for x in text.split(",") if x]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"not a comma-separated list of integers: {text!r}") from None
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"N values must be >= 1: {text!r}")
     return values
@@ -1116,7 +1117,8 @@ def _main_calibrate(args):
         return 2
     say = (lambda line: print(line, flush=True)) if not args.quiet else None
     if rank == 0 and say:
-        say(f"calibrating on {comm.Get_size()} ranks ({MPI.Get_library_version().splitlines()[0]})")
+        library = MPI.Get_library_version().splitlines()[0]
+        say(f"calibrating on {comm.Get_size()} ranks ({library})")
     entry = calibrate(comm, min_bytes=args.min_bytes, max_bytes=args.max_bytes,
                       factor=args.factor, reps=args.reps, counts=args.counts, log=say)
     status = 0
