@@ -76,6 +76,8 @@ def get_context(comm):
         _KEYVAL = MPI.Comm.Create_keyval(delete_fn=_delete)
     ctx = comm.Get_attr(_KEYVAL)
     if ctx is None:
-        ctx = Context(comm.Dup())
+        # A plain Intracomm handle: a wrapped pycollective.Comm passed as comm
+        # must not route the library's own traffic back through the wrapper.
+        ctx = Context(MPI.Intracomm(comm).Dup())
         comm.Set_attr(_KEYVAL, ctx)
     return ctx
