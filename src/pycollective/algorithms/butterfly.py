@@ -20,35 +20,24 @@ the fewest rounds of all, each carrying the whole vector.
 """
 
 from .._registry import register
-from ._p2p import msg, sendrecv
+from ._p2p import fold_in, sendrecv, unfold_out
 
-TAG_FOLD = 121
 TAG_XCHG = 122
-TAG_UNFOLD = 123
 
 
 def butterfly_allreduce(ctx, src, dst, kernel):
-    comm, n, r = ctx.comm, ctx.size, ctx.rank
-    p = 1 << (n.bit_length() - 1)
-    extra = n - p
-    if r >= p:
-        comm.Send(msg(src), r - p, TAG_FOLD)
-        comm.Recv(msg(dst), r - p, TAG_UNFOLD)
+    comm, r = ctx.comm, ctx.rank
+    p, cur = fold_in(ctx, src, dst, kernel, "butterfly.recv")
+    if cur is None:  # folded out: dst already holds the result
         return
     tmp = ctx.scratch("butterfly.recv", dst.size, dst.dtype)
-    cur = src
-    if r < extra:
-        comm.Recv(msg(tmp), r + p, TAG_FOLD)
-        kernel(cur, tmp, dst)
-        cur = dst
     mask = 1
     while mask < p:
         sendrecv(comm, cur, r ^ mask, tmp, r ^ mask, TAG_XCHG)
         kernel(cur, tmp, dst)
         cur = dst
         mask <<= 1
-    if r < extra:
-        comm.Send(msg(dst), r + p, TAG_UNFOLD)
+    unfold_out(ctx, dst, p)
 
 
 def butterfly_cost(nranks, count, itemsize, alpha, beta, gamma):

@@ -36,28 +36,18 @@ libraries use it for mid-sized and large messages.
 
 from .._partition import chunk_bounds
 from .._registry import register
-from ._p2p import msg, sendrecv
+from ._p2p import fold_in, sendrecv, unfold_out
 
-TAG_FOLD = 141
-TAG_HALVE = 142
-TAG_DOUBLE = 143
-TAG_UNFOLD = 144
+TAG_HALVE = 152
+TAG_DOUBLE = 153
 
 
 def rabenseifner_allreduce(ctx, src, dst, kernel):
-    comm, n, r = ctx.comm, ctx.size, ctx.rank
-    p = 1 << (n.bit_length() - 1)
-    extra = n - p
-    if r >= p:
-        comm.Send(msg(src), r - p, TAG_FOLD)
-        comm.Recv(msg(dst), r - p, TAG_UNFOLD)
+    comm, r = ctx.comm, ctx.rank
+    # cur: this rank's partial vector (dst from the first reduction on)
+    p, cur = fold_in(ctx, src, dst, kernel, "rab.fold")
+    if cur is None:  # folded out: dst already holds the result
         return
-    cur = src  # this rank's partial vector; dst from the first reduction on
-    if r < extra:
-        tmp = ctx.scratch("rab.fold", dst.size, dst.dtype)
-        comm.Recv(msg(tmp), r + p, TAG_FOLD)
-        kernel(cur, tmp, dst)
-        cur = dst
     bounds = chunk_bounds(dst.size, p)
     lo, hi = 0, p  # owned chunk range
     tmp = ctx.scratch("rab.recv", bounds[p // 2] if p > 1 else 0, dst.dtype)
@@ -86,8 +76,7 @@ def rabenseifner_allreduce(ctx, src, dst, kernel):
                  dst[bounds[plo]:bounds[plo + width]], r ^ mask, TAG_DOUBLE)
         lo, hi = min(lo, plo), max(hi, plo + width)
         mask <<= 1
-    if r < extra:
-        comm.Send(msg(dst), r + p, TAG_UNFOLD)
+    unfold_out(ctx, dst, p)
 
 
 def rabenseifner_cost(nranks, count, itemsize, alpha, beta, gamma):

@@ -47,8 +47,8 @@ from .._partition import chunk_bounds
 from .._registry import register
 from ._p2p import msg
 
-TAG_RS = 131
-TAG_AG = 132
+TAG_RS = 161
+TAG_AG = 162
 
 _DEPTH = 4  # receive segments in flight during the reduce-scatter
 _DEFAULT_SEGMENT_BYTES = 1 << 20  # best of 64 KiB..4 MiB at N = 2, 4, 8 (RESULTS.md)
