@@ -49,6 +49,17 @@ class Context:
             buf = self._scratch[slot] = np.empty(max(nbytes, 4096), np.uint8)
         return buf[:nbytes].view(dtype)
 
+    def cached(self, key, make):
+        """``self.cache[key]``, built by ``make(self)`` on first use.
+
+        ``make`` is often collective (windows, sub-communicators), so every
+        rank must ask for the same key at the same point.
+        """
+        value = self.cache.get(key)
+        if value is None:
+            value = self.cache[key] = make(self)
+        return value
+
     def free(self):
         self._scratch.clear()
         for value in self.cache.values():

@@ -113,10 +113,7 @@ class _HierState:
 
 
 def _state(ctx):
-    state = ctx.cache.get("hierarchical")
-    if state is None:
-        state = ctx.cache["hierarchical"] = _HierState(ctx)
-    return state
+    return ctx.cached("hierarchical", _HierState)
 
 
 def _inter_allreduce(inter, src, dst, kernel):

@@ -555,10 +555,7 @@ class _ShmState:
 
 
 def _state(ctx):
-    state = ctx.cache.get("shm")
-    if state is None:
-        state = ctx.cache["shm"] = _ShmState(ctx)
-    return state
+    return ctx.cached("shm", _ShmState)
 
 
 def on_one_node(ctx):
