@@ -155,24 +155,23 @@ def _positive_int(text):
     return value
 
 
-def _factor_arg(text):
+def _float_arg(text, what, ok, rule):
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 1 or not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"step factor must be a number above 1, got {text!r}")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a {what}") from None
+    if not ok(value) or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{rule}, got {text!r}")
     return value
+
+
+def _factor_arg(text):
+    return _float_arg(text, "number", lambda v: v > 1, "step factor must be a number above 1")
 
 
 def _seconds_arg(text):
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value > 0 or not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"a time budget must be positive, got {text!r}")
-    return value
+    return _float_arg(text, "number of seconds", lambda v: v > 0,
+                      "a time budget must be positive")
 
 
 def build_parser():

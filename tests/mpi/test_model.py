@@ -87,7 +87,8 @@ def test_auto_is_correct_and_the_same_on_every_rank(layouts, dtype):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_auto_uses_rank_0_parameters_even_when_ranks_read_different_files(tmp_path_factory):
+def test_auto_uses_rank_0_parameters_even_when_ranks_read_different_files(tmp_path_factory,
+                                                                        monkeypatch):
     """Rank 0's calibration says messages are expensive; the others' that bytes are."""
     world = MPI.COMM_WORLD
     rank = world.Get_rank()
@@ -96,8 +97,7 @@ def test_auto_uses_rank_0_parameters_even_when_ranks_read_different_files(tmp_pa
     latency_bound = dict(alpha=1.0, beta=1e-12, gamma=0.0)   # fewest messages wins
     bandwidth_bound = dict(alpha=0.0, beta=1.0, gamma=1.0)   # fewest bytes wins
     model.save_params(latency_bound if rank == 0 else bandwidth_bound, path)
-    old = os.environ.get("PYCOLLECTIVE_MODEL")
-    os.environ["PYCOLLECTIVE_MODEL"] = path
+    monkeypatch.setenv("PYCOLLECTIVE_MODEL", path)
     comm = world.Dup()  # a fresh communicator: its first call broadcasts rank 0's model
     try:
         count = 10_000
@@ -112,10 +112,6 @@ def test_auto_uses_rank_0_parameters_even_when_ranks_read_different_files(tmp_pa
                                  for q in range(comm.Get_size())], "sum", "int64")
     finally:
         comm.Free()
-        if old is None:
-            del os.environ["PYCOLLECTIVE_MODEL"]
-        else:
-            os.environ["PYCOLLECTIVE_MODEL"] = old
     assert len(set(choices)) == 1, choices
     assert set(sources) == {os.path.join(base, "rank0.json")}
     assert chosen == model.choose(world.Get_size(), count, "int64", "sum", latency_bound)
@@ -123,15 +119,14 @@ def test_auto_uses_rank_0_parameters_even_when_ranks_read_different_files(tmp_pa
 
 
 @pytest.mark.mpi(min_size=2)
-def test_an_unreadable_calibration_falls_back_to_the_defaults(tmp_path_factory):
+def test_an_unreadable_calibration_falls_back_to_the_defaults(tmp_path_factory, monkeypatch):
     world = MPI.COMM_WORLD
     path = _shared_tmp(world, tmp_path_factory, "broken.json")
     if world.Get_rank() == 0:
         with open(path, "w") as f:
             f.write("{not json")
     world.Barrier()
-    old = os.environ.get("PYCOLLECTIVE_MODEL")
-    os.environ["PYCOLLECTIVE_MODEL"] = path
+    monkeypatch.setenv("PYCOLLECTIVE_MODEL", path)
     comm = world.Dup()
     try:
         x = exact_values(world.Get_rank(), 1000, "int32", "sum")
@@ -144,10 +139,6 @@ def test_an_unreadable_calibration_falls_back_to_the_defaults(tmp_path_factory):
                                  for q in range(comm.Get_size())], "sum", "int32")
     finally:
         comm.Free()
-        if old is None:
-            del os.environ["PYCOLLECTIVE_MODEL"]
-        else:
-            os.environ["PYCOLLECTIVE_MODEL"] = old
     assert np.array_equal(out, expected)
     assert len(set(sources)) == 1 and sources[0].startswith("defaults")
     if world.Get_rank() == 0:
