@@ -6,9 +6,12 @@ import random
 import numpy as np
 import pytest
 
-from pycollective import _harness, _registry, bench
-from pycollective._harness import compare, exact_values, parse_count, parse_size
+from pycollective import _exact, _registry, bench
+from pycollective._exact import compare, exact_values
 from pycollective._kernels import SUPPORTED_DTYPES
+from pycollective._table import fmt_num, format_table
+from pycollective._units import parse_count, parse_size
+from pycollective.bench import _harness
 
 OPS = ["sum", "prod", "max", "min"]
 
@@ -87,7 +90,7 @@ def test_choices_follow_the_registry():
         assert parse(name).algorithms == [name]
         assert name in parse("all").algorithms
     finally:
-        del _registry._ALGORITHMS[name]
+        _registry.unregister(name)
     with pytest.raises(SystemExit):
         parse(name)
 
@@ -217,7 +220,7 @@ def test_exact_data_reduce_exactly_in_any_order(dtype, op):
         orders += [rng.sample(range(n), n) for _ in range(3)]
         results = [_reduce_in_order(arrays, op, o) for o in orders] + [_reduce_tree(arrays, op)]
         for res in results:
-            assert np.array_equal(_harness._bits(res), _harness._bits(results[0])), (n, op, dtype)
+            assert np.array_equal(_exact._bits(res), _exact._bits(results[0])), (n, op, dtype)
         if dtype.kind == "f":
             assert np.all(np.isfinite(results[0]))
             assert np.array_equal(results[0].astype(np.float64), exact), (n, op, dtype)
@@ -242,9 +245,9 @@ def test_exact_data_depend_on_rank_and_index(dtype, op):
 
 def test_exact_data_blocks_agree(monkeypatch):
     full = exact_values(0, 1000, 2, 4, "float32", "sum")
-    monkeypatch.setattr(_harness, "_BLOCK", 64)
+    monkeypatch.setattr(_exact, "BLOCK", 64)
     buf = np.empty(1000, np.float32)
-    _harness.fill_exact(buf, 2, 4, "sum")
+    _exact.fill_exact(buf, 2, 4, "sum")
     assert np.array_equal(buf, full)
     assert np.array_equal(exact_values(500, 1000, 2, 4, "float32", "sum"), full[500:])
 
@@ -271,7 +274,7 @@ def test_compare_counts_bitwise_differences():
 
 
 def test_compare_in_blocks(monkeypatch):
-    monkeypatch.setattr(_harness, "_BLOCK", 7)
+    monkeypatch.setattr(_exact, "BLOCK", 7)
     want = np.arange(100, dtype=np.int32)
     got = want.copy()
     got[[0, 6, 7, 99]] = -1
@@ -298,11 +301,11 @@ def test_failures_and_auto_score():
 
 
 def test_format_helpers():
-    assert _harness.fmt_num(0.123456) == "0.123"
-    assert _harness.fmt_num(12345.6) == "12346"
-    assert _harness.fmt_num(float("inf")) == "inf"
-    assert _harness.fmt_num(0) == "0"
-    table = _harness.format_table([("a", str), ("bb", lambda x: str(x * 10))], [1, 22])
+    assert fmt_num(0.123456) == "0.123"
+    assert fmt_num(12345.6) == "12346"
+    assert fmt_num(float("inf")) == "inf"
+    assert fmt_num(0) == "0"
+    table = format_table([("a", str), ("bb", lambda x: str(x * 10))], [1, 22])
     assert table.splitlines() == [" a   bb", " 1   10", "22  220"]
 
 

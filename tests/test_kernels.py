@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from pycollective._kernels import OPS, SUPPORTED_DTYPES, get_kernel, resolve_op
+from pycollective._kernels import SUPPORTED_DTYPES, get_kernel
+from pycollective._ops import OPS, resolve_op
 
 NUMPY = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
 

@@ -4,13 +4,29 @@
 >>> from mpi4py import MPI
 >>> grad = np.arange(10, dtype=np.float32)
 >>> pycollective.allreduce(MPI.IN_PLACE, grad, MPI.SUM, algorithm="ring")
+
+The public names are re-exported here; everything else is private.  The
+package's layers, each importing only those below it, are described in
+``docs/architecture.md``.
 """
 
-from ._api import algorithms, allgather, allreduce, reduce_scatter, set_check
+import logging
+from importlib import metadata as _metadata
+
+from ._collectives import (algorithms, allgather, allreduce, reduce_scatter, set_check,
+                           unusable_algorithms, usable_algorithms)
 from ._partition import partition
 from .bucketing import GradientBuckets
 from .comm import Comm, Request
 
-__all__ = ["allreduce", "reduce_scatter", "allgather", "algorithms", "partition", "set_check",
-           "Comm", "Request", "GradientBuckets"]
-__version__ = "0.1.0"
+__all__ = ["allreduce", "reduce_scatter", "allgather", "algorithms", "usable_algorithms",
+           "unusable_algorithms", "partition", "set_check", "Comm", "Request",
+           "GradientBuckets", "__version__"]
+
+try:
+    __version__ = _metadata.version("pycollective")
+except _metadata.PackageNotFoundError:  # running from a source tree that is not installed
+    __version__ = "0+unknown"
+
+# A library logs; the application decides where that goes.
+logging.getLogger("pycollective").addHandler(logging.NullHandler())

@@ -25,12 +25,10 @@ import math
 
 import numba
 import numpy as np
-from mpi4py import MPI
 
-__all__ = ["OPS", "resolve_op", "get_kernel", "SUPPORTED_DTYPES"]
+from ._ops import OPS
 
-OPS = ("sum", "prod", "max", "min")
-_MPI_OPS = ((MPI.SUM, "sum"), (MPI.PROD, "prod"), (MPI.MAX, "max"), (MPI.MIN, "min"))
+__all__ = ["get_kernel", "SUPPORTED_DTYPES"]
 
 SUPPORTED_DTYPES = tuple(np.dtype(t) for t in (
     "float16", "float32", "float64",
@@ -39,25 +37,6 @@ SUPPORTED_DTYPES = tuple(np.dtype(t) for t in (
 ))
 
 _jit = numba.njit(cache=True, nogil=True)
-
-
-def resolve_op(op):
-    """Return the canonical name ("sum", "prod", "max", "min") of ``op``.
-
-    Raises:
-        ValueError: for any other op (MPI op or string).
-    """
-    if isinstance(op, str):
-        name = op.lower()
-        if name in OPS:
-            return name
-    elif isinstance(op, MPI.Op):
-        for mpi_op, name in _MPI_OPS:  # MPI.Op is not hashable
-            if op == mpi_op:
-                return name
-    raise ValueError(
-        f"unsupported op {op!r}: pycollective implements MPI.SUM, MPI.PROD, "
-        f"MPI.MAX, MPI.MIN (or 'sum', 'prod', 'max', 'min')")
 
 
 # --- native dtypes -----------------------------------------------------------
@@ -202,15 +181,18 @@ _cache = {}
 
 
 def get_kernel(op, dtype):
-    """Return the warmed kernel for canonical op name ``op`` and ``dtype``.
+    """Return the warmed kernel for canonical op name ``op`` (one of ``OPS``) and ``dtype``.
 
     Raises:
         TypeError: if ``dtype`` is not one of :data:`SUPPORTED_DTYPES`.
+        ValueError: for an op name that is not one of ``OPS``.
     """
     dtype = np.dtype(dtype)
     key = (op, dtype)
     kernel = _cache.get(key)
     if kernel is None:
+        if op not in OPS:
+            raise ValueError(f"unknown op name {op!r}; expected one of {', '.join(OPS)}")
         if dtype not in SUPPORTED_DTYPES or not dtype.isnative:
             raise TypeError(
                 f"unsupported dtype {dtype}: pycollective reduces "

@@ -1,19 +1,36 @@
-"""The one registry of allreduce algorithms.
+"""The one registry of algorithms, and of the message tags they use.
 
 Read by :func:`pycollective.allreduce`, :func:`pycollective.algorithms`, the
-benchmark's command-line choices and the test parametrisation, so adding an
-algorithm is one ``register`` call in its own module.
+automatic choice, the benchmark's command-line choices and the test
+parametrisation.  Adding an algorithm is one module that calls
+:func:`register` plus one import line in ``algorithms/__init__.py``
+(docs/algorithms.md has the recipe).
+
+Everything an algorithm declares lives in its registration: the function
+that runs it, a one-line summary, its α-β-γ cost, whether it can run on a
+given communicator, and the point-to-point message tags it sends with.
+Registration refuses a name or a tag that is already taken, so two
+algorithms can never exchange messages that match each other's receives.
 """
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
-__all__ = ["Algorithm", "register", "get", "names"]
+__all__ = ["Algorithm", "register", "unregister", "get", "names", "index", "reserve_tags",
+           "tag_owners"]
+
+#: Signature of ``usable``: ``usable(ctx) -> None`` when the algorithm can run on
+#: the communicator, else a one-line reason why not.
+UsableFn = Callable[[object], Optional[str]]
+
+
+def _always(ctx) -> Optional[str]:
+    return None
 
 
 @dataclass(frozen=True)
 class Algorithm:
-    """One allreduce algorithm.
+    """One registered algorithm.
 
     ``run(ctx, src, dst, kernel)`` reduces the flat arrays ``src`` of every
     rank into ``dst`` on every rank.  ``src`` is read only and may be the
@@ -22,44 +39,105 @@ class Algorithm:
     guaranteed by the caller); ``kernel(a, b, out)`` is the reduction.
     ``cost``, where given, is the algorithm's α-β-γ time model
     ``cost(nranks, count, itemsize, alpha, beta, gamma) -> seconds``.
+    ``usable(ctx)`` says why the algorithm cannot run on a communicator
+    (None: it can); it may be collective on a context's first use, so it is
+    asked on every rank at the same point.
     """
 
     name: str
     run: Callable
     summary: str
     cost: Optional[Callable] = None
+    usable: UsableFn = _always
+    tags: Tuple[int, ...] = ()
+    collective: str = "allreduce"
 
 
-_ALGORITHMS = {}
+_ALGORITHMS: Dict[str, Dict[str, Algorithm]] = {}
+_TAGS: Dict[int, str] = {}
 
 
-def register(name, run, summary, cost=None):
-    """Add an algorithm under ``name`` (a name may be registered once)."""
-    if name in _ALGORITHMS:
-        raise ValueError(f"algorithm {name!r} is already registered")
-    _ALGORITHMS[name] = Algorithm(name, run, summary, cost)
-    return _ALGORITHMS[name]
+def reserve_tags(owner: str, tags: Iterable[int]) -> Tuple[int, ...]:
+    """Claim message ``tags`` for ``owner``; refuse any tag another owner holds.
+
+    Returns:
+        The tags, as a tuple.
+
+    Raises:
+        ValueError: naming the tags in use and their owners.
+    """
+    tags = tuple(int(t) for t in tags)
+    taken = {t: _TAGS[t] for t in tags if t in _TAGS and _TAGS[t] != owner}
+    if taken:
+        raise ValueError(f"cannot reserve tags for {owner!r}: "
+                         + ", ".join(f"{t} (used by {o!r})" for t, o in sorted(taken.items())))
+    if len(set(tags)) != len(tags):
+        raise ValueError(f"{owner!r} lists a tag twice: {tags}")
+    for t in tags:
+        _TAGS[t] = owner
+    return tags
 
 
-def get(name):
+def tag_owners() -> Dict[int, str]:
+    """Every reserved tag and who holds it."""
+    return dict(sorted(_TAGS.items()))
+
+
+def register(name: str, run: Callable, summary: str, *, cost: Optional[Callable] = None,
+             usable: Optional[UsableFn] = None, tags: Iterable[int] = (),
+             collective: str = "allreduce") -> Algorithm:
+    """Add an algorithm; refuse a name or a message tag already in use.
+
+    Args:
+        name: the name users pass as ``algorithm=``.
+        run: ``run(ctx, src, dst, kernel)``.
+        summary: one line for tables and ``--help``.
+        cost: ``cost(nranks, count, itemsize, alpha, beta, gamma) -> seconds``.
+        usable: ``usable(ctx) -> None or reason``; default: usable everywhere.
+        tags: the point-to-point tags the algorithm's messages use.
+        collective: which collective it implements.
+
+    Raises:
+        ValueError: the name is registered already, or a tag is taken.
+    """
+    table = _ALGORITHMS.setdefault(collective, {})
+    if name in table or name in ("auto", "all"):
+        raise ValueError(f"cannot register {name!r}: the {collective} algorithm {name!r} "
+                         "is already registered" if name in table else
+                         f"cannot register {name!r}: the name is reserved")
+    algo = Algorithm(name, run, summary, cost, usable or _always,
+                     reserve_tags(f"{collective}:{name}", tags), collective)
+    table[name] = algo
+    return algo
+
+
+def unregister(name: str, collective: str = "allreduce") -> None:
+    """Remove an algorithm and free its tags (for tests and plug-ins)."""
+    algo = _ALGORITHMS.get(collective, {}).pop(name, None)
+    if algo is not None:
+        for t in algo.tags:
+            _TAGS.pop(t, None)
+
+
+def get(name: str, collective: str = "allreduce") -> Algorithm:
     """Return the :class:`Algorithm` called ``name``.
 
     Raises:
         ValueError: for an unknown name (the message lists the known ones).
     """
+    table = _ALGORITHMS.get(collective, {})
     try:
-        return _ALGORITHMS[name]
+        return table[name]
     except (KeyError, TypeError):
         raise ValueError(
-            f"unknown algorithm {name!r}; registered: {', '.join(_ALGORITHMS)}"
-        ) from None
+            f"unknown algorithm {name!r}; registered: {', '.join(table)}") from None
 
 
-def names():
+def names(collective: str = "allreduce") -> List[str]:
     """Registered algorithm names, in registration order."""
-    return list(_ALGORITHMS)
+    return list(_ALGORITHMS.get(collective, {}))
 
 
-def index(name):
+def index(name: str, collective: str = "allreduce") -> int:
     """Position of ``name`` in the registry (used to compare choices across ranks)."""
-    return names().index(name)
+    return names(collective).index(name)

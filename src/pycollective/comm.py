@@ -74,21 +74,14 @@ import numpy as np
 from mpi4py import MPI
 from mpi4py.util import dtlib
 
-from ._api import algorithms, allreduce
-from ._context import get_context
-from ._kernels import SUPPORTED_DTYPES, get_kernel, resolve_op
+from ._collectives import algorithms, allreduce
+from ._context import Key, get_context
+from ._kernels import SUPPORTED_DTYPES, get_kernel
+from ._ops import predefined_name, resolve_op
 
 __all__ = ["Comm", "Request"]
 
 logger = logging.getLogger("pycollective")
-
-_PREDEFINED_OPS = {
-    name: getattr(MPI, name)
-    for name in ("SUM", "PROD", "MAX", "MIN", "LAND", "BAND", "LOR", "BOR", "LXOR", "BXOR",
-                 "MAXLOC", "MINLOC", "REPLACE", "NO_OP")
-    if hasattr(MPI, name)
-}
-
 
 # --- logging of fallbacks -------------------------------------------------------
 
@@ -101,7 +94,7 @@ def _log_once(reason):
         if reason in _logged:
             return
         _logged.add(reason)
-    logger.warning("pycollective.Comm: using the wrapped communicator's own call: %s", reason)
+    logger.info("pycollective.Comm: using the wrapped communicator's own call: %s", reason)
 
 
 # --- op and datatype: the decision every rank takes alike ----------------------
@@ -113,9 +106,9 @@ def _op_reason(op):
     except ValueError:
         pass
     if isinstance(op, MPI.Op):
-        for name, known in _PREDEFINED_OPS.items():
-            if op == known:
-                return None, f"op MPI.{name} is not implemented by pycollective"
+        name = predefined_name(op)
+        if name is not None:
+            return None, f"op MPI.{name} is not implemented by pycollective"
         return None, "user-defined op"
     return None, f"op {op!r} is not implemented by pycollective"
 
@@ -542,7 +535,9 @@ class _Engine:
     def __init__(self, comm):
         # Collective (all ranks reach their first Iallreduce on comm in the same
         # order); done on the caller's thread so no MPI object is created racily.
-        self.comm = MPI.Intracomm(comm).Dup()  # a plain Intracomm, not a Comm
+        # ``comm`` is the context's private communicator; the helper gets its
+        # own duplicate of it, so its messages never meet blocking calls'.
+        self.comm = comm.Dup()
         get_context(self.comm)
         self.queue = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._run, name="pycollective-iallreduce",
@@ -586,25 +581,15 @@ class _Engine:
             self.comm.Free()
 
 
-_ENGINE_KEYVAL = None
+_ENGINE = Key("comm.engine")
 _engine_lock = threading.Lock()
 
 
-def _delete_engine(comm, keyval, engine):
-    if not MPI.Is_finalized():
-        engine.free()
-
-
 def _engine_for(comm):
-    global _ENGINE_KEYVAL
+    """The helper of ``comm``'s context; collective on its first use (it Dups)."""
+    ctx = get_context(MPI.Intracomm(comm))
     with _engine_lock:
-        if _ENGINE_KEYVAL is None:
-            _ENGINE_KEYVAL = MPI.Comm.Create_keyval(delete_fn=_delete_engine)
-    engine = comm.Get_attr(_ENGINE_KEYVAL)
-    if engine is None:
-        engine = _Engine(comm)
-        comm.Set_attr(_ENGINE_KEYVAL, engine)
-    return engine
+        return ctx.cached(_ENGINE, lambda ctx: _Engine(ctx.comm))
 
 
 class Request(MPI.Request):

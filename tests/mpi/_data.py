@@ -1,50 +1,35 @@
 """Test data that catch misplaced chunks, and the reductions they should give.
 
-Every element depends on both the rank and the index (``h = 37 i + 101 r + 7``),
-so a chunk delivered to the wrong place or taken from the wrong rank changes
-the result.  "Exact" data are integers small enough that every partial
-reduction is exact in the dtype (integer overflow wraps, identically in any
-order), so the right answer is known bit for bit.  "Random" data exercise
+Every element depends on both the rank and the index (a multiplicative hash
+of both, see :mod:`pycollective._exact`), so a chunk delivered to the wrong
+place or taken from the wrong rank changes the result.  "Exact" data are
+integers small enough that every partial reduction is exact in the dtype
+(integer overflow wraps, identically in any order), so the right answer is
+known bit for bit.  "Random" data exercise
 rounding and are checked against an error bound instead.
 """
 
 import zlib
 
 import numpy as np
-from mpi4py import MPI
 
-MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
-MAX_RANKS = 8  # data ranges are chosen so sums over this many ranks stay exact
+from pycollective import _exact
+from pycollective._ops import MPI_OPS  # noqa: F401  (re-exported for the tests)
 
-
-def _exact_limit(dtype):
-    if dtype.kind == "f":
-        return 2 ** (np.finfo(dtype).nmant + 1)
-    return 2 ** 21  # integers: any range works (wrap-around is exact), keep it varied
+MAX_RANKS = 8  # data ranges are chosen so reductions over this many ranks stay exact
 
 
 def exact_values(rank, count, dtype, op):
-    """Integer-valued data for ``rank`` whose reduction is exact in ``dtype``."""
-    dtype = np.dtype(dtype)
-    h = np.arange(count, dtype=np.int64) * 37 + rank * 101 + 7
-    if op == "prod":
-        table = [1, 2, 3, 1, 2] if dtype.kind == "u" else [1, 2, -1, 1, -2]
-        return np.array(table, np.int64)[h % 5].astype(dtype)
-    k = _exact_limit(dtype) // MAX_RANKS // 2
-    if dtype.kind == "u":
-        return (h % (2 * k + 1)).astype(dtype)
-    return (h % (2 * k + 1) - k).astype(dtype)
+    """Integer-valued data for ``rank`` whose reduction is exact in ``dtype`` (N <= MAX_RANKS).
+
+    The library's own generator (:mod:`pycollective._exact`, also the
+    benchmark's), sized for :data:`MAX_RANKS` ranks so that the same data
+    serve every communicator of a launch.
+    """
+    return _exact.exact_values(0, count, rank, MAX_RANKS, dtype, op)
 
 
-def exact_reduce(arrays, op, dtype):
-    """The exact reduction of integer-valued arrays, as ``dtype`` (wrapping like C)."""
-    dtype = np.dtype(dtype)
-    stack = np.array([a.astype(np.int64) for a in arrays], np.int64).reshape(len(arrays), -1)
-    with np.errstate(over="ignore"):
-        result = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min}[op](stack, axis=0)
-    if dtype.kind in "iu":
-        return result.astype(dtype)  # int64 -> narrower integer wraps modulo 2**bits
-    return result.astype(np.float64).astype(dtype)
+exact_reduce = _exact.exact_reduce
 
 
 def random_values(rank, count, dtype, op, seed=0):

@@ -15,8 +15,9 @@ import pytest
 from mpi4py import MPI
 
 import pycollective
+from pycollective import _env as _env_settings
 from pycollective._context import get_context
-from pycollective.algorithms import hierarchical, ring_pipelined
+from pycollective.algorithms import hierarchical, ring_pipelined, shm
 from _data import bitwise_equal, exact_reduce, exact_values, replicas_identical
 
 OPS = ["sum", "prod", "max", "min"]
@@ -91,7 +92,7 @@ def test_hierarchical_emulated_nodes(label):
             for count in (40_000, 300_007):
                 _check(comm, "hierarchical", "float32", "sum", count, failures, label)
             # The layout really took effect.
-            state = get_context(comm).cache["hierarchical"]
+            state = get_context(comm).peek(hierarchical._STATE)
             sizes = hierarchical._parse_layout(text, world.Get_size())
             starts = np.cumsum([0] + sizes)
             node = int(np.searchsorted(starts, world.Get_rank(), side="right")) - 1
@@ -156,12 +157,11 @@ def test_shm_window_reuse_and_growth():
     # limits both ways, so growth, reuse and the sync before a one-region
     # call after a two-region one are all exercised.  Single-copy reads are
     # off (they would take the large calls), so every call uses the window.
-    from pycollective.algorithms import shm
     world = MPI.COMM_WORLD
     half = world.Split(world.Get_rank() % 2, world.Get_rank())
     comms = [("world", world.Dup()), ("half", half)]
     try:
-        with _env(shm.CMA_ENV, "0"):  # read on each comm's first shm call
+        with _env(_env_settings.SHM_CMA.name, "0"):  # read on each comm's first shm call
             _window_plan(comms)
     finally:
         for _, comm in comms:
@@ -179,10 +179,10 @@ def _window_plan(layouts):
         capacity = 0
         for step, (dtype, count) in enumerate(plan):
             op = OPS[step % 4] if count < 100_000 else "sum"
-            before = get_context(comm).cache.get("shm")
+            before = get_context(comm).peek(shm._STATE)
             win_before = before.node.win if before is not None else None
             _check(comm, "shm", dtype, op, count, failures, f"{label} step {step}")
-            node = get_context(comm).cache["shm"].node
+            node = get_context(comm).peek(shm._STATE).node
             nbytes = count * np.dtype(dtype).itemsize
             need = 2 * nbytes if nbytes <= (1 << 20) else nbytes
             assert node.capacity >= need and node.capacity >= capacity
@@ -216,10 +216,9 @@ def test_shm_large_paths(cma):
     """Above 1 MiB: single-copy reads of the others' buffers (cma=1, where the
     system allows it) and the shared-window copy (cma=0); in place included,
     where a rank >= 2 must not overwrite its own operand before reading it."""
-    from pycollective.algorithms import shm
     world = MPI.COMM_WORLD
     failures = []
-    with _env(shm.CMA_ENV, cma):
+    with _env(_env_settings.SHM_CMA.name, cma):
         comm = world.Dup()
         try:
             for dtype, op, count in (("float32", "sum", 300_007), ("int64", "max", 1_000_003),
@@ -227,7 +226,7 @@ def test_shm_large_paths(cma):
                                      ("int32", "sum", 400_001), ("int64", "sum", 300_001),
                                      ("float64", "sum", 1_500_007)):
                 _check(comm, "shm", dtype, op, count, failures, f"cma={cma}")
-            state = get_context(comm).cache["shm"]
+            state = get_context(comm).peek(shm._STATE)
             if cma == "0":
                 assert state.cross is None
         finally:
@@ -239,9 +238,9 @@ def test_shm_large_paths(cma):
 @pytest.mark.parametrize("algorithm", ["shm", "ring", "auto"])
 def test_repeated_call_fast_path_keeps_every_check(algorithm):
     """After a good call, calls of the same shape take the cached path (see
-    _api._fast_plan): results stay right, and a bad argument on one rank still
+    _fastpath.lookup): results stay right, and a bad argument on one rank still
     raises on every rank."""
-    from pycollective import _api
+    from pycollective import _fastpath
     comm = MPI.COMM_WORLD
     n, r = comm.Get_size(), comm.Get_rank()
     x = exact_values(r, 100, "float64", "sum")
@@ -249,7 +248,7 @@ def test_repeated_call_fast_path_keeps_every_check(algorithm):
                             "sum", "float64")
     out = np.empty_like(x)
     pycollective.allreduce(x, out, "sum", comm=comm, algorithm=algorithm)
-    assert _api._fast_plan(x, out, "sum", comm, algorithm) is not None
+    assert _fastpath.lookup(x, out, "sum", comm, algorithm) is not None
     for in_place in (False, True, False):  # the cached path, both ways
         if in_place:
             out = x.copy()
@@ -299,7 +298,7 @@ def test_shared_memory_sync_keeps_mpi_progress():
     FlagBarrier.sync this deadlocks (the launcher's timeout ends the job);
     the speed benchmark hung that way after a large ring_pipelined call.
     """
-    from pycollective.algorithms.shm import FlagBarrier
+    from pycollective._shmem import FlagBarrier
     world = MPI.COMM_WORLD
     r = world.Get_rank()
     comm = world.Split(0 if r < 2 else 1, r)

@@ -4,6 +4,7 @@ Every rank issues the same collectives in the same order; checks that can
 fail on one rank only are made after the last collective of a test.
 """
 
+import dataclasses
 import os
 import warnings
 
@@ -12,7 +13,8 @@ import pytest
 from mpi4py import MPI
 
 import pycollective
-from pycollective import model
+from pycollective import _auto, _registry, model
+from pycollective._context import get_context
 from _data import exact_reduce, exact_values
 
 QUICK = dict(min_bytes=4, max_bytes=4096, factor=8, reps=2, counts=(1, 7, 300))
@@ -52,7 +54,7 @@ def test_calibrate_gives_the_same_parameters_on_every_rank():
 def test_calibrate_command_saves_a_file_the_library_reads(tmp_path_factory):
     comm = MPI.COMM_WORLD
     path = _shared_tmp(comm, tmp_path_factory, "model.json")
-    status = model.main(["--calibrate", "--output", path, "--quiet", "--max-bytes", "4096",
+    status = model.main(["calibrate", "--output", path, "--quiet", "--max-bytes", "4096",
                          "--factor", "8", "--reps", "2", "--counts", "1,100"])
     comm.Barrier()  # rank 0 has written the file
     params = model.load_params(path)
@@ -77,7 +79,7 @@ def test_auto_is_correct_and_the_same_on_every_rank(layouts, dtype):
             expected = exact_reduce(everyone, "sum", dtype)
             out = np.empty_like(everyone[r])
             pycollective.allreduce(everyone[r], out, comm=comm)  # the default is "auto"
-            chosen = model._auto_for(comm).choose(count, np.dtype(dtype), "sum")
+            chosen = _auto.auto_for(get_context(comm)).choose(count, np.dtype(dtype), "sum")
             names = comm.allgather(chosen)
             if len(set(names)) != 1:
                 failures.append(f"{label} count={count}: ranks chose {names}")
@@ -104,7 +106,7 @@ def test_auto_uses_rank_0_parameters_even_when_ranks_read_different_files(tmp_pa
         x = exact_values(rank, count, "int64", "sum")
         out = np.empty_like(x)
         pycollective.allreduce(x, out, comm=comm, algorithm="auto")
-        state = model._auto_for(comm)
+        state = _auto.auto_for(get_context(comm))
         chosen = state.choose(count, np.dtype("int64"), "sum")
         choices = comm.allgather(chosen)
         sources = comm.allgather(state.params["source"])
@@ -134,7 +136,7 @@ def test_an_unreadable_calibration_falls_back_to_the_defaults(tmp_path_factory, 
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             pycollective.allreduce(x, out, comm=comm)
-        sources = comm.allgather(model._auto_for(comm).params["source"])
+        sources = comm.allgather(_auto.auto_for(get_context(comm)).params["source"])
         expected = exact_reduce([exact_values(q, 1000, "int32", "sum")
                                  for q in range(comm.Get_size())], "sum", "int32")
     finally:
@@ -147,7 +149,7 @@ def test_an_unreadable_calibration_falls_back_to_the_defaults(tmp_path_factory, 
 
 @pytest.mark.mpi(min_size=2)
 def test_check_command_reports_the_choice(capsys):
-    status = model.main(["--check", "--counts", "1,1000", "--reps", "2"])
+    status = model.main(["check", "--counts", "1,1000", "--reps", "2"])
     out = capsys.readouterr().out
     assert status == 0
     if MPI.COMM_WORLD.Get_rank() == 0:
@@ -157,11 +159,12 @@ def test_check_command_reports_the_choice(capsys):
 @pytest.mark.mpi(min_size=2)
 def test_auto_leaves_out_shm_when_the_communicator_spans_nodes(monkeypatch):
     # Pretend the communicator spans nodes: auto must never pick "shm".
-    from pycollective.algorithms import shm
-    monkeypatch.setattr(shm, "on_one_node", lambda ctx: False)
+    shm = _registry.get("shm")
+    monkeypatch.setitem(_registry._ALGORITHMS["allreduce"], "shm",
+                        dataclasses.replace(shm, usable=lambda ctx: "pretend: several nodes"))
     comm = MPI.COMM_WORLD.Dup()
     try:
-        state = model._auto_for(comm)
+        state = _auto.auto_for(get_context(comm))
         everything_on_shm = {"alpha": 1.0, "beta": 1.0, "gamma": 1.0,
                              "corrections": {n: [[4, 100.0]] for n in pycollective.algorithms()
                                              if n != "shm"}}

@@ -1,9 +1,9 @@
 """Small point-to-point helpers shared by the algorithm modules.
 
-Tags: every algorithm module uses its own block of tags (ring 101-102,
-tree 111-112, butterfly 122, ps 131-132, naive 141, rabenseifner 152-153,
-ring_pipelined 161-162, the fold/unfold below 91-92), so even a bug in one
-algorithm cannot make its messages match another's.
+Tags: every algorithm declares the tags its messages use when it registers
+(:func:`pycollective._registry.register` refuses a tag already taken; the
+fold/unfold below reserve theirs here), so even a bug in one algorithm
+cannot make its messages match another's.
 
 Data always travel as raw bytes (``MPI.BYTE``): the reduction happens in our
 own kernels, so the MPI library never needs to know the element type, and
@@ -11,6 +11,8 @@ dtypes it has no datatype for (float16) move like any other.
 """
 
 from mpi4py import MPI
+
+from .._registry import reserve_tags
 
 BYTE = MPI.BYTE
 
@@ -24,8 +26,7 @@ def sendrecv(comm, sbuf, dest, rbuf, source, tag):
     comm.Sendrecv(msg(sbuf), dest, tag, msg(rbuf), source, tag)
 
 
-TAG_FOLD = 91
-TAG_UNFOLD = 92
+TAG_FOLD, TAG_UNFOLD = reserve_tags("fold/unfold (algorithms/_p2p.py)", (91, 92))
 
 
 def fold_in(ctx, src, dst, kernel, slot):

@@ -19,18 +19,20 @@ Cost: (log2 p + 2·[N != p])·(α + M·s·β) + (log2 p + [N != p])·M·s·γ �
 the fewest rounds of all, each carrying the whole vector.
 """
 
+from .._context import Key
 from .._registry import register
 from ._p2p import fold_in, sendrecv, unfold_out
 
 TAG_XCHG = 122
+_RECV = Key("butterfly.recv")
 
 
 def butterfly_allreduce(ctx, src, dst, kernel):
     comm, r = ctx.comm, ctx.rank
-    p, cur = fold_in(ctx, src, dst, kernel, "butterfly.recv")
+    p, cur = fold_in(ctx, src, dst, kernel, _RECV)
     if cur is None:  # folded out: dst already holds the result
         return
-    tmp = ctx.scratch("butterfly.recv", dst.size, dst.dtype)
+    tmp = ctx.scratch(_RECV, dst.size, dst.dtype)
     mask = 1
     while mask < p:
         sendrecv(comm, cur, r ^ mask, tmp, r ^ mask, TAG_XCHG)
@@ -56,4 +58,4 @@ def butterfly_cost(nranks, count, itemsize, alpha, beta, gamma):
 
 register("butterfly", butterfly_allreduce,
          "recursive doubling with partner rank XOR 2^k; extra ranks folded in and out",
-         cost=butterfly_cost)
+         cost=butterfly_cost, tags=(TAG_XCHG,))

@@ -12,8 +12,8 @@ then, once), and every emulated node must lie inside one real shared-memory
 node.  Local rank 0 of each node is its leader.
 
 Steps, with the node's n ranks and M elements split by
-:func:`~pycollective.partition` into n slices (see ``shm.py`` for the window,
-the sync and the two alternating regions):
+:func:`~pycollective.partition` into n slices (see ``shm.py`` and ``_shmem.py``
+for the window, the sync and the two alternating regions):
 
 1. Copy-in: local rank i copies its input except slice i into its slot; sync.
 2. Node reduce-scatter: rank i reduces slice i of the node's n inputs
@@ -38,18 +38,19 @@ f = (q-1)/q, S = M·s bytes:
 """
 
 import math
-import os
 
 import numpy as np
 from mpi4py import MPI
 
-from .._context import Context
+from .. import _env
+from .._context import Context, Key
 from .._partition import chunk_bounds
 from .._registry import get, register
+from .._shmem import SharedSlots, copy_in, reduce_own_slice
 from .ring_pipelined import ring_pipelined_cost
-from .shm import SharedSlots, copy_in, reduce_own_slice
 
-ENV = "PYCOLLECTIVE_RANKS_PER_NODE"
+ENV = _env.RANKS_PER_NODE.name
+_STATE = Key("hierarchical")
 _INTER_RING_BYTES = 64 << 10
 
 
@@ -76,7 +77,7 @@ class _HierState:
 
     def __init__(self, ctx):
         comm, rank = ctx.comm, ctx.rank
-        text = os.environ.get(ENV, "").strip()
+        text = _env.RANKS_PER_NODE.get()
         # The layout must be the same everywhere: compare once, before any
         # rank acts on it, and fail identically if not.
         texts = comm.allgather(text)
@@ -113,7 +114,7 @@ class _HierState:
 
 
 def _state(ctx):
-    return ctx.cached("hierarchical", _HierState)
+    return ctx.cached(_STATE, _HierState)
 
 
 def _inter_allreduce(inter, src, dst, kernel):
@@ -154,7 +155,7 @@ def hierarchical_allreduce(ctx, src, dst, kernel):
 
 def hierarchical_cost(nranks, count, itemsize, alpha, beta, gamma):
     """α-β-γ time of :func:`hierarchical_allreduce` (see the essay above)."""
-    text = os.environ.get(ENV, "").strip()
+    text = _env.RANKS_PER_NODE.get()
     q = nranks
     if text.isdigit() and int(text) > 0:
         q = min(int(text), nranks)

@@ -16,23 +16,24 @@ busy at once.
 import numpy as np
 from mpi4py import MPI
 
+from .._context import Key
 from .._registry import register
 from ._p2p import msg
 
 TAG = 141
+_OWN, _RECV0, _RECV1 = Key("naive.own"), Key("naive.recv0"), Key("naive.recv1")
 
 
 def naive_allreduce(ctx, src, dst, kernel):
     comm, n, r = ctx.comm, ctx.size, ctx.rank
     own = src
     if src is dst or np.may_share_memory(src, dst):
-        own = ctx.scratch("naive.own", src.size, src.dtype)
+        own = ctx.scratch(_OWN, src.size, src.dtype)
         own[...] = src
     sends = [comm.Isend(msg(own), j, TAG) for j in range(n) if j != r]
 
     # Operands in rank order; x0 lands in dst when it comes from another rank.
-    bufs = (ctx.scratch("naive.recv0", dst.size, dst.dtype),
-            ctx.scratch("naive.recv1", dst.size, dst.dtype))
+    bufs = (ctx.scratch(_RECV0, dst.size, dst.dtype), ctx.scratch(_RECV1, dst.size, dst.dtype))
     later = [j for j in range(1, n) if j != r]  # remote sources after rank 0
     slot = {j: bufs[i % 2] for i, j in enumerate(later)}
 
@@ -74,4 +75,4 @@ def naive_cost(nranks, count, itemsize, alpha, beta, gamma):
 
 register("naive", naive_allreduce,
          "every rank sends its whole vector to every other rank and reduces all N",
-         cost=naive_cost)
+         cost=naive_cost, tags=(TAG,))

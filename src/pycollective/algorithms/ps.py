@@ -15,12 +15,14 @@ serialised at the server.
 
 from mpi4py import MPI
 
+from .._context import Key
 from .._registry import register
 from ._p2p import msg
 
 TAG_PUSH = 131
 TAG_PULL = 132
 SERVER = 0
+_RECV0, _RECV1 = Key("ps.recv0"), Key("ps.recv1")
 
 
 def ps_allreduce(ctx, src, dst, kernel):
@@ -29,8 +31,7 @@ def ps_allreduce(ctx, src, dst, kernel):
         comm.Send(msg(src), SERVER, TAG_PUSH)
         comm.Recv(msg(dst), SERVER, TAG_PULL)
         return
-    bufs = (ctx.scratch("ps.recv0", dst.size, dst.dtype),
-            ctx.scratch("ps.recv1", dst.size, dst.dtype))
+    bufs = (ctx.scratch(_RECV0, dst.size, dst.dtype), ctx.scratch(_RECV1, dst.size, dst.dtype))
     cur = src
     req = comm.Irecv(msg(bufs[0]), 1, TAG_PUSH)
     for j in range(1, n):
@@ -56,4 +57,4 @@ def ps_cost(nranks, count, itemsize, alpha, beta, gamma):
 
 register("ps", ps_allreduce,
          "parameter server: rank 0 gathers every vector, reduces, sends the sum back",
-         cost=ps_cost)
+         cost=ps_cost, tags=(TAG_PUSH, TAG_PULL))

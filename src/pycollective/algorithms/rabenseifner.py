@@ -34,23 +34,25 @@ the ring's bandwidth term with only 2·log2(p) start-ups, which is why MPI
 libraries use it for mid-sized and large messages.
 """
 
+from .._context import Key
 from .._partition import chunk_bounds
 from .._registry import register
 from ._p2p import fold_in, sendrecv, unfold_out
 
 TAG_HALVE = 152
 TAG_DOUBLE = 153
+_FOLD, _RECV = Key("rab.fold"), Key("rab.recv")
 
 
 def rabenseifner_allreduce(ctx, src, dst, kernel):
     comm, r = ctx.comm, ctx.rank
     # cur: this rank's partial vector (dst from the first reduction on)
-    p, cur = fold_in(ctx, src, dst, kernel, "rab.fold")
+    p, cur = fold_in(ctx, src, dst, kernel, _FOLD)
     if cur is None:  # folded out: dst already holds the result
         return
     bounds = chunk_bounds(dst.size, p)
     lo, hi = 0, p  # owned chunk range
-    tmp = ctx.scratch("rab.recv", bounds[p // 2] if p > 1 else 0, dst.dtype)
+    tmp = ctx.scratch(_RECV, bounds[p // 2] if p > 1 else 0, dst.dtype)
     mask = p >> 1
     while mask:
         mid = (lo + hi) // 2
@@ -99,4 +101,4 @@ def rabenseifner_cost(nranks, count, itemsize, alpha, beta, gamma):
 register("rabenseifner", rabenseifner_allreduce,
          "reduce-scatter by recursive halving, allgather by recursive doubling; "
          "extra ranks folded in and out",
-         cost=rabenseifner_cost)
+         cost=rabenseifner_cost, tags=(TAG_HALVE, TAG_DOUBLE))

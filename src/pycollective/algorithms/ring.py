@@ -22,12 +22,14 @@ bitwise-identical results.  Cost with c = ceil(M/N) elements of s bytes:
 whatever N, which is why the ring wins for large messages.
 """
 
+from .._context import Key
 from .._partition import chunk_bounds
 from .._registry import register
 from ._p2p import sendrecv
 
 TAG_RS = 101
 TAG_AG = 102
+_RECV, _ACC0, _ACC1 = Key("ring.recv"), Key("ring.acc0"), Key("ring.acc1")
 
 
 def reduce_scatter_phase(ctx, src, out, kernel, bounds):
@@ -39,9 +41,8 @@ def reduce_scatter_phase(ctx, src, out, kernel, bounds):
     comm, n, r = ctx.comm, ctx.size, ctx.rank
     right, left = (r + 1) % n, (r - 1) % n
     width = bounds[1] - bounds[0]  # the largest chunk
-    tmp = ctx.scratch("ring.recv", width, src.dtype)
-    acc = (ctx.scratch("ring.acc0", width, src.dtype),
-           ctx.scratch("ring.acc1", width, src.dtype))
+    tmp = ctx.scratch(_RECV, width, src.dtype)
+    acc = (ctx.scratch(_ACC0, width, src.dtype), ctx.scratch(_ACC1, width, src.dtype))
     sent = None
     for k in range(n - 1):
         s = (r - k - 1) % n
@@ -87,4 +88,4 @@ def ring_cost(nranks, count, itemsize, alpha, beta, gamma):
 
 register("ring", ring_allreduce,
          "reduce-scatter then allgather around a ring: 2(N-1) steps of M/N elements",
-         cost=ring_cost)
+         cost=ring_cost, tags=(TAG_RS, TAG_AG))

@@ -26,7 +26,8 @@ straight into its place in ``dst``; each received segment is forwarded
 Segments are matched by order: both ends derive the same segment list from
 the same chunk bounds and S, and MPI keeps messages between two ranks on one
 tag in order.  S must therefore be the same on all ranks: it comes from
-``PYCOLLECTIVE_SEGMENT_BYTES`` (read at import) or :func:`set_segment_bytes`.
+:func:`set_segment_bytes` if called, else ``PYCOLLECTIVE_SEGMENT_BYTES``
+(read at each call, so a bad value raises there, not at import).
 The default was chosen by measurement (benchmarks/speed/RESULTS.md).
 
 Each element is reduced by one rank and then copied, so all ranks end with
@@ -39,10 +40,10 @@ minus the overlap (N-2)·(g-1)/g·c·β that streaming buys over whole-chunk
 steps — a conservative figure; the benchmark has the real ones.
 """
 
-import os
-
 from mpi4py import MPI
 
+from .. import _env
+from .._context import Key
 from .._partition import chunk_bounds
 from .._registry import register
 from ._p2p import msg
@@ -51,10 +52,10 @@ TAG_RS = 161
 TAG_AG = 162
 
 _DEPTH = 4  # receive segments in flight during the reduce-scatter
-_DEFAULT_SEGMENT_BYTES = 1 << 20  # best of 64 KiB..4 MiB at N = 2, 4, 8 (RESULTS.md)
-_segment_bytes = int(os.environ.get("PYCOLLECTIVE_SEGMENT_BYTES", _DEFAULT_SEGMENT_BYTES))
-if _segment_bytes <= 0:
-    raise ValueError(f"PYCOLLECTIVE_SEGMENT_BYTES must be positive, got {_segment_bytes}")
+# The default, 1 MiB, was the best of 64 KiB..4 MiB at N = 2, 4, 8 (docs/results).
+_segment_override = None  # set_segment_bytes(); None: the environment's value
+_ACC0, _ACC1 = Key("ringp.acc0"), Key("ringp.acc1")
+_POOL = tuple(Key(f"ringp.recv{i}") for i in range(_DEPTH))
 
 
 def set_segment_bytes(nbytes):
@@ -70,17 +71,24 @@ def set_segment_bytes(nbytes):
     Raises:
         ValueError: if ``nbytes`` is not a positive integer.
     """
-    global _segment_bytes
+    global _segment_override
     nbytes = int(nbytes)
     if nbytes <= 0:
         raise ValueError(f"segment size must be positive, got {nbytes}")
-    previous, _segment_bytes = _segment_bytes, nbytes
+    previous, _segment_override = get_segment_bytes(), nbytes
     return previous
 
 
 def get_segment_bytes():
-    """The current segment size in bytes."""
-    return _segment_bytes
+    """The current segment size in bytes.
+
+    Raises:
+        ValueError: ``PYCOLLECTIVE_SEGMENT_BYTES`` is not a positive integer
+            (only when :func:`set_segment_bytes` was not called).
+    """
+    if _segment_override is not None:
+        return _segment_override
+    return _env.SEGMENT_BYTES.get()
 
 
 def _segments(lo, hi, seg):
@@ -91,9 +99,8 @@ def _reduce_scatter(ctx, src, out, kernel, bounds, seg):
     comm, n, r = ctx.comm, ctx.size, ctx.rank
     right, left = (r + 1) % n, (r - 1) % n
     width = bounds[1] - bounds[0]
-    acc = (ctx.scratch("ringp.acc0", width, src.dtype),
-           ctx.scratch("ringp.acc1", width, src.dtype))
-    pool = [ctx.scratch(f"ringp.recv{i}", seg, src.dtype) for i in range(_DEPTH)]
+    acc = (ctx.scratch(_ACC0, width, src.dtype), ctx.scratch(_ACC1, width, src.dtype))
+    pool = [ctx.scratch(slot, seg, src.dtype) for slot in _POOL]
 
     # Every segment this rank receives, in order: (step, chunk start, lo, hi).
     incoming = []
@@ -153,7 +160,7 @@ def _allgather(ctx, buf, bounds, seg):
 
 def ring_pipelined_allreduce(ctx, src, dst, kernel):
     bounds = chunk_bounds(dst.size, ctx.size)
-    seg = max(1, _segment_bytes // dst.itemsize)
+    seg = max(1, get_segment_bytes() // dst.itemsize)
     mine = slice(bounds[ctx.rank], bounds[ctx.rank + 1])
     # All reduce-scatter sends complete before the allgather writes into dst,
     # which in place is also src.
@@ -165,7 +172,7 @@ def ring_pipelined_cost(nranks, count, itemsize, alpha, beta, gamma):
     """α-β-γ time of :func:`ring_pipelined_allreduce` (see the essay above)."""
     steps = nranks - 1
     chunk = -(-count // nranks) * itemsize
-    seg = max(itemsize, _segment_bytes // itemsize * itemsize)
+    seg = max(itemsize, get_segment_bytes() // itemsize * itemsize)
     g = max(1, -(-chunk // seg))
     ring = 2 * steps * (alpha + chunk * beta) + steps * chunk * gamma
     overlap = (nranks - 2) * (g - 1) / g * chunk * beta
@@ -175,4 +182,4 @@ def ring_pipelined_cost(nranks, count, itemsize, alpha, beta, gamma):
 register("ring_pipelined", ring_pipelined_allreduce,
          "ring streamed in segments with Isend/Irecv: reduction of one segment overlaps "
          "the transfer of the next",
-         cost=ring_pipelined_cost)
+         cost=ring_pipelined_cost, tags=(TAG_RS, TAG_AG))

@@ -16,11 +16,13 @@ bits.  Cost: 2·ceil(log2 N)·(α + M·s·β) + ceil(log2 N)·M·s·γ: few mess
 but the whole vector on every step, so it suits small messages.
 """
 
+from .._context import Key
 from .._registry import register
 from ._p2p import msg
 
 TAG_UP = 111
 TAG_DOWN = 112
+_RECV = Key("tree.recv")
 
 
 def tree_allreduce(ctx, src, dst, kernel):
@@ -34,7 +36,7 @@ def tree_allreduce(ctx, src, dst, kernel):
             break
         if r + mask < n:
             if tmp is None:
-                tmp = ctx.scratch("tree.recv", dst.size, dst.dtype)
+                tmp = ctx.scratch(_RECV, dst.size, dst.dtype)
             comm.Recv(msg(tmp), r + mask, TAG_UP)
             kernel(cur, tmp, dst)
             cur = dst
@@ -67,4 +69,4 @@ def tree_cost(nranks, count, itemsize, alpha, beta, gamma):
 
 register("tree", tree_allreduce,
          "binomial tree: reduce to rank 0 then broadcast, 2*ceil(log2 N) whole-vector steps",
-         cost=tree_cost)
+         cost=tree_cost, tags=(TAG_UP, TAG_DOWN))

@@ -34,90 +34,26 @@ must be done the same way for every implementation:
   call), the largest error, whether all ranks held bitwise-identical
   results (CRC-32 after every call), and which cases touched their input.
 
-The table/JSON helpers at the bottom are shared by every report.
+Exact input data come from :mod:`pycollective._exact`, timing from
+:mod:`pycollective._timing`, tables from :mod:`pycollective._table`.
 """
 
 import math
-import os
-import platform
-import socket
 import statistics
-import sys
-import time
 import zlib
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
 from typing import Callable
 
 import numpy as np
 from mpi4py import MPI
 
+from .._exact import compare, exact_values, fill_exact
+from .._table import fmt_num, format_table
+from .._timing import slowest, timed_call
+from .._units import parse_count, parse_size
+
 __all__ = ["Case", "Collective", "measure", "fill_exact", "exact_values", "compare", "parse_count",
-           "parse_size", "algbw", "busbw", "format_table", "environment"]
-
-_BLOCK = 1 << 20  # elements per block when generating or checking data
-
-
-# --- argument parsing helpers -------------------------------------------------
-
-def parse_count(text):
-    """Parse an element count such as ``1000``, ``1e8``, ``2.5e6`` or ``1_000``.
-
-    Args:
-        text: the string (or an int).
-
-    Returns:
-        The count as an ``int`` (>= 0).
-
-    Raises:
-        ValueError: when the text is not a non-negative integral number.
-    """
-    if isinstance(text, int) and not isinstance(text, bool):
-        value = Decimal(text)
-    else:
-        try:
-            # Decimal, not float: "123456789012345678" must stay exact.
-            value = Decimal(str(text).strip().replace("_", ""))
-        except InvalidOperation:
-            raise ValueError(f"{text!r} is not a number (use e.g. 1000 or 1e8)") from None
-    if not value.is_finite():
-        raise ValueError(f"{text!r} is not a finite number")
-    if value != value.to_integral_value():
-        raise ValueError(f"{text!r} is not a whole number of elements")
-    if value < 0:
-        raise ValueError(f"{text!r} is negative")
-    return int(value)
-
-
-_SUFFIXES = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
-def parse_size(text):
-    """Parse a byte size: a number as for :func:`parse_count`, or with a K/M/G (binary) suffix.
-
-    Args:
-        text: e.g. ``4``, ``1e6``, ``64K``, ``1M``, ``0.5G`` (a trailing ``B`` is allowed).
-
-    Returns:
-        The size in bytes as an ``int``.
-
-    Raises:
-        ValueError: for anything else (including sizes that are not whole bytes).
-    """
-    s = str(text).strip().upper()
-    if s.endswith("B"):
-        s = s[:-1]
-    scale = 1
-    if s[-1:] in _SUFFIXES:
-        s, scale = s[:-1], _SUFFIXES[s[-1]]
-    try:
-        value = Decimal(s.replace("_", "")) * scale
-    except InvalidOperation:
-        raise ValueError(f"{text!r} is not a size (use e.g. 8, 1e6, 64K, 1M, 1G)") from None
-    try:
-        return parse_count(value)
-    except ValueError:
-        raise ValueError(f"{text!r} is not a whole, non-negative number of bytes") from None
+           "parse_size", "algbw", "busbw", "format_table", "fmt_num"]
 
 
 # --- bandwidth arithmetic (nccl-tests conventions) ----------------------------
@@ -132,121 +68,6 @@ def algbw(nbytes, seconds):
 def busbw(nbytes, seconds, factor):
     """Bus bandwidth in GB/s: ``algbw * factor`` (for allreduce factor = 2(N-1)/N)."""
     return algbw(nbytes, seconds) * factor
-
-
-# --- exact test data ----------------------------------------------------------
-
-def _exact_limit(dtype):
-    """Largest L such that every integer in [-L, L] (or [0, L]) is exact in ``dtype``."""
-    if dtype.kind == "f":
-        return 2 ** (np.finfo(dtype).nmant + 1)
-    return int(np.iinfo(dtype).max)
-
-
-def _sum_halfwidth(dtype, nranks):
-    """K such that N values in [-K, K] (or [0, K]) sum exactly, in any order."""
-    return max(0, min(_exact_limit(dtype) // nranks, 1 << 20))
-
-
-def _float_pow2_cap(dtype):
-    """Largest k with 2**k finite (and so exact) in the floating ``dtype``."""
-    return int(np.finfo(dtype).maxexp) - 1
-
-
-_PROD_SIGNED = np.array([1, 2, -1, 1, -2], np.int64)
-_PROD_UNSIGNED = np.array([1, 2, 3, 1, 2], np.int64)
-_PROD_UNIT = np.array([1, -1, 1, -1, -1], np.int64)
-
-
-def _check_exact(dtype, nranks, op):
-    if op == "sum" and _sum_halfwidth(dtype, nranks) < 1:
-        raise ValueError(f"{dtype} cannot hold an exact sum over {nranks} ranks "
-                         f"(integers are exact only up to {_exact_limit(dtype)})")
-
-
-def exact_values(start, stop, rank, nranks, dtype, op):
-    """Input values of ``rank`` for element indices ``[start, stop)``.
-
-    Every value depends on the index and the rank through a multiplicative
-    hash ``u = (i * 0x9E3779B1 + (r + 1) * 0x85EBCA77) mod 2**32``, so a
-    misplaced or misrouted chunk changes the result, and the pattern has no
-    short period a chunk shift could hide in.  Values are small integers
-    chosen so that the reduction over ``nranks`` ranks is exact in ``dtype``
-    whatever the order of operations -- any difference from native MPI is an
-    error, and the check uses tolerance 0:
-
-    * sum, max, min: ``u % (2K+1) - K`` (unsigned: ``u % (K+1)``) with
-      ``N*K`` within the dtype's exact-integer range (2**11 for float16,
-      2**24 for float32, 2**53 for float64, the maximum for integers), so
-      every partial sum is exact;
-    * prod: values from {1, 2, -1, 1, -2} (unsigned {1, 2, 3, 1, 2}); for a
-      float dtype, ranks beyond the largest finite power of two (float16:
-      15) use {1, -1} only, so every partial product is a power of two and
-      exact.  Integer overflow wraps around identically in native MPI and
-      here (fixed-width integer arithmetic is associative and commutative
-      modulo 2**bits), so integer products are exact at any N.
-
-    Args:
-        start, stop: index range.
-        rank, nranks: this rank and the communicator size N.
-        dtype: a numpy dtype.
-        op: "sum", "prod", "max" or "min".
-
-    Returns:
-        An array of ``stop - start`` elements of ``dtype``.
-
-    Raises:
-        ValueError: if no exact data exist (a float sum over more ranks than
-            the dtype has exact integers, e.g. float16 beyond 2048 ranks).
-    """
-    dtype = np.dtype(dtype)
-    _check_exact(dtype, nranks, op)
-    i = np.arange(start, stop, dtype=np.uint64)
-    u = (i * np.uint64(0x9E3779B1) + np.uint64(((rank + 1) * 0x85EBCA77) & 0xFFFFFFFF))
-    u &= np.uint64(0xFFFFFFFF)
-    u >>= np.uint64(7)  # the low bits of i*odd depend on the low bits of i only
-    if op == "prod":
-        if dtype.kind == "u":
-            table = _PROD_UNSIGNED
-        elif dtype.kind == "f" and rank >= _float_pow2_cap(dtype):
-            table = _PROD_UNIT
-        else:
-            table = _PROD_SIGNED
-        v = table[(u % np.uint64(5)).astype(np.intp)]
-    else:
-        k = max(1, _sum_halfwidth(dtype, nranks))
-        if dtype.kind == "u":
-            v = (u % np.uint64(k + 1)).astype(np.int64)
-        else:
-            v = (u % np.uint64(2 * k + 1)).astype(np.int64) - k
-    return v.astype(dtype)
-
-
-def fill_exact(buf, rank, nranks, op):
-    """Fill the flat array ``buf`` with :func:`exact_values` ``(0, buf.size, ...)``, in blocks."""
-    for s in range(0, buf.size, _BLOCK):
-        e = min(s + _BLOCK, buf.size)
-        buf[s:e] = exact_values(s, e, rank, nranks, buf.dtype, op)
-
-
-def _bits(a):
-    return a.view(f"u{a.dtype.itemsize}") if a.dtype.kind == "f" else a
-
-
-def compare(got, want):
-    """Return (#elements not bitwise equal, largest |got - want|) of two flat arrays."""
-    wrong, err = 0, 0.0
-    for s in range(0, got.size, _BLOCK):
-        g, w = got[s:s + _BLOCK], want[s:s + _BLOCK]
-        bad = _bits(g) != _bits(w)
-        n = int(np.count_nonzero(bad))
-        if n:
-            wrong += n
-            with np.errstate(invalid="ignore", over="ignore"):
-                diff = np.abs(g[bad].astype(np.float64) - w[bad].astype(np.float64))
-            diff[np.isnan(diff)] = np.inf  # NaN where a number was due: infinitely wrong
-            err = max(err, float(diff.max()))
-    return wrong, err
 
 
 def _poison(buf):
@@ -302,10 +123,7 @@ def _time_one(comm, case, send, out, op, inplace, pristine):
     else:
         _poison(out)
         sendarg = send
-    comm.Barrier()
-    t0 = time.perf_counter()
-    case.run(comm, sendarg, out, op)
-    return time.perf_counter() - t0
+    return timed_call(comm, lambda: case.run(comm, sendarg, out, op))
 
 
 def measure(comm, collective, cases, count, dtype, op, *, inplace=False, iters=10,
@@ -385,7 +203,7 @@ def measure(comm, collective, cases, count, dtype, op, *, inplace=False, iters=1
         for _ in range(warmup):
             spent[0] += call(k, case)
     if budget is not None and warmup > 0:
-        comm.Allreduce(MPI.IN_PLACE, spent, op=MPI.MAX)
+        spent = slowest(comm, spent)
         per_rep = spent[0] / warmup
         if per_rep > 0:
             iters = max(min_iters, min(iters, int(budget / per_rep)))
@@ -398,7 +216,7 @@ def measure(comm, collective, cases, count, dtype, op, *, inplace=False, iters=1
     crcs = np.array(crc_calls, np.int64).reshape(ncases, warmup + iters)
 
     # Agreement: max of times, sum of wrong counts, max error, CRC equality.
-    comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
+    times = slowest(comm, times)
     comm.Allreduce(MPI.IN_PLACE, wrong, op=MPI.SUM)
     comm.Allreduce(MPI.IN_PLACE, maxerr, op=MPI.MAX)
     crc_lo, crc_hi = crcs.copy(), crcs.copy()
@@ -423,53 +241,3 @@ def measure(comm, collective, cases, count, dtype, op, *, inplace=False, iters=1
 
 
 # --- reporting ---------------------------------------------------------------
-
-def format_table(columns, rows):
-    """Render rows as a fixed-width text table.
-
-    Args:
-        columns: list of ``(header, function(row) -> str)``.
-        rows: list of row objects passed to the functions.
-
-    Returns:
-        The table as one string (header line, then one line per row).
-    """
-    cells = [[h for h, _ in columns]] + [[f(r) for _, f in columns] for r in rows]
-    widths = [max(len(c[i]) for c in cells) for i in range(len(columns))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in cells]
-    return "\n".join(lines)
-
-
-def fmt_num(x, digits=3):
-    """Compact number: fixed point with ``digits`` significant figures where sensible."""
-    if x is None:
-        return "-"
-    if isinstance(x, float) and not math.isfinite(x):
-        return "inf" if x > 0 else ("nan" if x != x else "-inf")
-    if x == 0:
-        return "0"
-    if abs(x) >= 10 ** digits:
-        return f"{x:.0f}"
-    decimals = max(0, digits - 1 - int(math.floor(math.log10(abs(x)))))
-    return f"{x:.{decimals}f}"
-
-
-def environment(comm):
-    """Facts about the machine and software of a run, for JSON reports."""
-    import mpi4py
-
-    versions = {"python": platform.python_version(), "mpi4py": mpi4py.__version__,
-                "numpy": np.__version__}
-    for mod in ("numba", "pycollective"):
-        try:
-            versions[mod] = __import__(mod).__version__
-        except Exception:  # a report must not fail over a version string
-            versions[mod] = None
-    return dict(
-        hostname=socket.gethostname(), cpu_count=os.cpu_count(), platform=platform.platform(),
-        machine=platform.machine(), nranks=comm.Get_size(),
-        mpi_library=" ".join(MPI.Get_library_version().strip().splitlines()[0].split()),
-        mpi_library_version=MPI.Get_library_version().strip(),
-        mpi_standard="%d.%d" % MPI.Get_version(),
-        versions=versions, argv=list(sys.argv),
-        time_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))

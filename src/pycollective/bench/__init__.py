@@ -6,7 +6,7 @@
 This module is the allreduce-specific half of the benchmark (in the manner of
 nccl-tests' ``all_reduce.cu``): bytes per rank, input data, the native
 reference and the bus-bandwidth factor.  Warm-up, timing, checking and the
-cross-rank agreement live in :mod:`pycollective._harness`.  Run ``--help``
+cross-rank agreement live in :mod:`pycollective.bench._harness`.  Run ``--help``
 for the meaning of every column.
 """
 
@@ -19,13 +19,15 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from . import _api, _harness
-from ._harness import fmt_num
-from ._kernels import SUPPORTED_DTYPES
+from .. import _collectives as _api
+from .._about import environment
+from .._kernels import SUPPORTED_DTYPES
+from .._ops import MPI_OPS as _MPI_OPS
+from .._root import bcast_from_root
+from .._table import fmt_num
+from . import _harness
 
 __all__ = ["main", "ALLREDUCE"]
-
-_MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
 
 
 # --- the allreduce collective ------------------------------------------------
@@ -59,10 +61,7 @@ def algorithm_case(name):
 # --- the cost model (optional until pycollective.model exists) ----------------
 
 def _model():
-    try:
-        from . import model
-    except ImportError:
-        return None
+    from .. import model
     return model
 
 
@@ -331,19 +330,13 @@ def _load_params(model, path, comm):
     """
     if model is None:
         return None
-    payload = None
-    if comm.Get_rank() == 0:
-        try:
-            payload = (model.load_params(path, nranks=comm.Get_size()), None)
-        except Exception as exc:  # must reach every rank, whatever it is
-            payload = (None, f"{type(exc).__name__}: {exc}")
-    params, error = comm.bcast(payload, root=0)
-    if error is not None:
+    try:
+        return bcast_from_root(comm, lambda: model.load_params(path, nranks=comm.Get_size()))
+    except ValueError as exc:
         # An argument error like the others: status 2 on every rank, one message.
         if comm.Get_rank() == 0:
-            sys.stderr.write(f"python -m pycollective.bench: error: --params: {error}\n")
-        raise SystemExit(2)
-    return params
+            sys.stderr.write(f"python -m pycollective.bench: error: --params: {exc}\n")
+        raise SystemExit(2) from None
 
 
 def _gamma(params, dtype):
@@ -669,7 +662,7 @@ def main(argv=None, comm=None, out=None):
                 os.environ["PYCOLLECTIVE_MODEL"] = previous_model
 
     score = auto_score(rows, [n for n in args.algorithms if n != "auto"])
-    report = dict(environment=_harness.environment(comm), calibration=params,
+    report = dict(environment=environment(comm), calibration=params,
                   options={k: v for k, v in vars(args).items()}, auto_score=score)
     if verbose:
         ours = [r for r in rows if r["name"] != "native"]
@@ -713,5 +706,3 @@ def _cli():
     sys.exit(1 if failures(rows) else 0)
 
 
-if __name__ == "__main__":
-    _cli()

@@ -1,0 +1,91 @@
+"""Agreement: one small reduction that makes a bad argument raise on every rank.
+
+Before any data move, every rank contributes its error flag and the facts
+that must be the same everywhere (count, dtype, op, algorithm, ...).  One
+element-wise MAX over ``[error rank, f1, -f1, f2, -f2, ...]`` gives both the
+largest and the smallest value of each fact; they differ iff the ranks
+disagree.  If any rank failed its local checks, that rank's message is
+broadcast and every rank raises the same exception type; if the ranks
+disagree, every rank raises naming the fact and its range.
+
+The MAX runs through shared memory when every rank of the communicator is
+on one node (:class:`~pycollective._shmem.SharedMax`: a write, a flag
+barrier, a read), else as one ``MPI_Allreduce``.  An MPI collective costs
+several µs at 2 ranks and up to milliseconds when ranks outnumber cores, so
+this is most of a small call's overhead.  Which board a communicator uses
+is decided on its first agreement, collectively, the same on all ranks.
+"""
+
+from typing import Optional, Sequence, Tuple
+
+import numpy as np
+from mpi4py import MPI
+
+from ._context import Key
+from ._shmem import SharedMax
+
+__all__ = ["Facts", "agree", "fact_values", "agree_max", "verdict", "MAX_FACTS"]
+
+#: ``((label, int value), ...)``: what every rank must share for one call.
+Facts = Sequence[Tuple[str, int]]
+
+MAX_FACTS = 4  # every rank sends the same-length vector, error or not
+_ERRORS = {"TypeError": TypeError, "ValueError": ValueError}
+_BOARD = Key("agree.board")
+
+
+class _MpiMax:
+    """Ranks on several nodes: one MPI_Allreduce."""
+
+    def __init__(self, comm):
+        self.comm = comm
+
+    def max(self, values):
+        self.comm.Allreduce(MPI.IN_PLACE, values, op=MPI.MAX)
+
+
+def _board(ctx):
+    return SharedMax.on(ctx.comm) or _MpiMax(ctx.comm)
+
+
+def agree_max(ctx, values: np.ndarray) -> None:
+    """Element-wise MAX of the int64 ``values`` over the ranks of ``ctx``, in place."""
+    ctx.cached(_BOARD, _board).max(values)
+
+
+def fact_values(rank: int, error: Optional[BaseException], facts: Optional[Facts]) -> np.ndarray:
+    """This rank's contribution to the agreement MAX."""
+    values = np.full(1 + 2 * MAX_FACTS, np.iinfo(np.int64).min, np.int64)
+    values[0] = rank if error is not None else -1
+    if error is None:
+        for i, (_, v) in enumerate(facts):
+            values[1 + 2 * i], values[2 + 2 * i] = v, -v
+    return values
+
+
+def verdict(ctx, what: str, error: Optional[BaseException], facts: Optional[Facts],
+            values: np.ndarray) -> None:
+    """Raise (the same on every rank) what the reduced ``values`` say is wrong."""
+    bad = int(values[0])
+    if bad >= 0:
+        info = (type(error).__name__, str(error)) if error is not None else None
+        kind, text = ctx.comm.bcast(info, root=bad)
+        if error is not None:
+            raise error
+        raise _ERRORS.get(kind, ValueError)(f"{what}: invalid arguments on rank {bad}: {text}")
+    for i, (label, _) in enumerate(facts):
+        hi, lo = values[1 + 2 * i], -values[2 + 2 * i]
+        if hi != lo:
+            raise ValueError(f"{what}: ranks disagree on {label} "
+                             f"(values from {lo} to {hi} across ranks)")
+
+
+def agree(ctx, what: str, error: Optional[BaseException], facts: Optional[Facts]) -> None:
+    """Raise on every rank if any rank has ``error`` or ``facts`` differ across ranks.
+
+    ``facts`` is a tuple of at most :data:`MAX_FACTS` (label, int) pairs
+    that every rank must share (None on a rank with an error).
+    """
+    values = fact_values(ctx.rank, error, facts)
+    agree_max(ctx, values)
+    verdict(ctx, what, error, facts, values)

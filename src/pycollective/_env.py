@@ -1,0 +1,113 @@
+"""Environment settings: one home for every ``PYCOLLECTIVE_*`` variable.
+
+Each setting is read when it is used, not when ``pycollective`` is imported,
+so a bad value cannot break ``import pycollective``: it raises a
+``ValueError`` naming the variable and the rule at the call that needs it.
+A value is parsed once per distinct text (the variable can change between
+calls, e.g. in tests, and the next read sees the change).
+
+The list of settings is data (:data:`SETTINGS`), so the documentation and
+``python -m pycollective.bench --env`` can print all of them.
+"""
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Optional
+
+__all__ = ["Setting", "SETTINGS", "parse_bool", "parse_positive_int", "parse_seconds"]
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def parse_bool(text: str) -> bool:
+    """``1/true/yes/on`` or ``0/false/no/off`` (any case)."""
+    t = text.strip().lower()
+    if t in _TRUE:
+        return True
+    if t in _FALSE:
+        return False
+    raise ValueError("expected one of 1, true, yes, on, 0, false, no, off")
+
+
+def parse_positive_int(text: str) -> int:
+    """A whole number above zero (``1e6`` allowed)."""
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise ValueError("expected a positive whole number") from None
+    if not value >= 1 or value != int(value):
+        raise ValueError("expected a positive whole number")
+    return int(value)
+
+
+def parse_seconds(text: str) -> Optional[float]:
+    """Seconds as a positive number; ``0``, ``off`` or ``none`` mean no limit (None)."""
+    t = text.strip().lower()
+    if t in ("0", "off", "none", "inf"):
+        return None
+    try:
+        value = float(t)
+    except ValueError:
+        raise ValueError("expected seconds (a positive number), or 0/off for no limit") from None
+    if not value > 0 or value != value:
+        raise ValueError("expected seconds (a positive number), or 0/off for no limit")
+    return value
+
+
+@dataclass
+class Setting:
+    """One environment variable: its name, how to parse it, its default, what it does."""
+
+    name: str
+    parse: Callable[[str], Any]
+    default: Any
+    doc: str
+    _parsed: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def get(self) -> Any:
+        """The current value: the default when unset or empty, else the parsed text.
+
+        Raises:
+            ValueError: ``NAME='text': rule`` for a value that does not parse.
+        """
+        text = os.environ.get(self.name)
+        if text is None or not text.strip():
+            return self.default
+        try:
+            return self._parsed[text]
+        except KeyError:
+            pass
+        try:
+            value = self.parse(text)
+        except ValueError as exc:
+            raise ValueError(f"{self.name}={text!r}: {exc}") from None
+        if len(self._parsed) > 16:
+            self._parsed.clear()
+        self._parsed[text] = value
+        return value
+
+
+SETTINGS: Dict[str, Setting] = {}
+
+
+def _setting(name, parse, default, doc):
+    SETTINGS[name] = s = Setting(name, parse, default, doc)
+    return s
+
+
+CHECK = _setting(
+    "PYCOLLECTIVE_CHECK", parse_bool, True,
+    "cross-rank agreement on every call (default on); pycollective.set_check overrides it")
+MODEL = _setting(
+    "PYCOLLECTIVE_MODEL", os.path.expanduser, None,
+    "calibration file of the cost model (default ~/.cache/pycollective/model.json)")
+SEGMENT_BYTES = _setting(
+    "PYCOLLECTIVE_SEGMENT_BYTES", parse_positive_int, 1 << 20,
+    "segment size of ring_pipelined in bytes (default 1 MiB); must match on all ranks")
+SHM_CMA = _setting(
+    "PYCOLLECTIVE_SHM_CMA", parse_bool, True,
+    "let shm read peers' buffers with process_vm_readv above 1 MiB (default on)")
+RANKS_PER_NODE = _setting(
+    "PYCOLLECTIVE_RANKS_PER_NODE", str.strip, "",
+    "emulated node layout for hierarchical: k ranks per node, or sizes like 2,4")

@@ -1,0 +1,100 @@
+"""The repeated-call fast path of ``allreduce``.
+
+A training loop calls allreduce with the same (algorithm, op, dtype, count)
+on the same communicator every step.  Once a call of that shape has passed
+every check, what it resolved to is kept in the communicator's context as a
+:class:`Plan`, and a later call of the same shape only re-checks what can
+change between calls: the buffers themselves (plain C-contiguous numpy
+arrays, writable recvbuf, same dtype and size, no partial overlap).
+Anything else goes the full way.  Agreement still runs (the same vector,
+one small reduction); when the reduced vector is not what agreeing ranks
+produce, the full verdict raises the same error as the full path would.
+"""
+
+from typing import Callable, NamedTuple, Optional
+
+import numpy as np
+from mpi4py import MPI
+
+from . import _auto
+from ._agree import Facts, fact_values
+from ._context import Context, Key, find_context
+from ._registry import Algorithm
+
+__all__ = ["Plan", "lookup", "remember"]
+
+_MEMO = Key("fastpath")
+_LIMIT = 1024
+
+
+class Plan(NamedTuple):
+    """What a call of one shape resolved to; reused by later calls of that shape."""
+
+    algo: Algorithm
+    kernel: Callable
+    template: np.ndarray               # this rank's agreement vector
+    agreed: bytes                      # the reduced vector when all ranks agree
+    facts: Facts
+    auto: Optional["_auto.AutoState"]  # the state that chose ``algo``; None if named
+
+
+class Hit(NamedTuple):
+    """A fast-path match: the context, the plan and the flat buffers."""
+
+    ctx: Context
+    plan: Plan
+    src: np.ndarray
+    dst: np.ndarray
+
+
+def _op_key(op):
+    if type(op) is str:
+        return op
+    if type(op) is MPI.Op:
+        return op.handle
+    return None
+
+
+def lookup(sendbuf, recvbuf, op, comm, algorithm) -> Optional[Hit]:
+    """A :class:`Hit` when this call has the shape of an earlier good one, else None."""
+    if comm is None:
+        comm = MPI.COMM_WORLD
+    elif type(comm) is not MPI.Intracomm:
+        return None
+    if type(recvbuf) is not np.ndarray:
+        return None
+    ctx = find_context(comm)
+    if ctx is None:
+        return None
+    memo = ctx.peek(_MEMO)
+    if memo is None:
+        return None
+    plan = memo.get((algorithm, _op_key(op), recvbuf.dtype, recvbuf.size))
+    if plan is None or (plan.auto is not None and ctx.peek(_auto.KEY) is not plan.auto):
+        return None
+    flags = recvbuf.flags
+    if not (flags.c_contiguous and flags.writeable):
+        return None
+    dst = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)
+    if sendbuf is MPI.IN_PLACE or sendbuf is recvbuf:
+        return Hit(ctx, plan, dst, dst)
+    if (type(sendbuf) is not np.ndarray or not sendbuf.flags.c_contiguous
+            or sendbuf.dtype != recvbuf.dtype or sendbuf.size != recvbuf.size
+            or np.may_share_memory(sendbuf, recvbuf)):
+        return None
+    return Hit(ctx, plan, (sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1)), dst)
+
+
+def remember(ctx: Context, algorithm: str, op, algo: Algorithm, kernel: Callable,
+             dst: np.ndarray, facts: Facts) -> None:
+    """Keep what a successful full-path call of this shape resolved to."""
+    key = _op_key(op)
+    if key is None:
+        return
+    memo = ctx.peek(_MEMO)
+    if memo is None or len(memo) >= _LIMIT:
+        memo = ctx.put(_MEMO, {})
+    template = fact_values(ctx.rank, None, facts)
+    auto = ctx.peek(_auto.KEY) if algorithm == "auto" else None
+    memo[(algorithm, key, dst.dtype, dst.size)] = Plan(
+        algo, kernel, template, template.tobytes(), facts, auto)
