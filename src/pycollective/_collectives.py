@@ -29,7 +29,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _auto, _env, _fastpath, _registry
-from . import algorithms  # noqa: F401  (importing the package registers every algorithm)
+from . import algorithms as _algorithms  # noqa: F401  (importing it registers every algorithm)
 from ._agree import Facts, agree, agree_max, verdict
 from ._context import Context, get_context
 from ._kernels import get_kernel

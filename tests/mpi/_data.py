@@ -9,9 +9,14 @@ known bit for bit.  "Random" data exercise
 rounding and are checked against an error bound instead.
 """
 
+import os
 import zlib
+from contextlib import contextmanager
 
 import numpy as np
+from mpi4py import MPI
+
+import pycollective
 
 from pycollective import _exact
 from pycollective._ops import MPI_OPS  # noqa: F401  (re-exported for the tests)
@@ -74,3 +79,48 @@ def bitwise_equal(a, b):
 def counts_for(nranks):
     """0, 1, N-1, N, N+1, a prime, 1000 and the prime 10007."""
     return sorted({0, 1, max(nranks - 1, 0), nranks, nranks + 1, 13, 1000, 10007})
+
+
+def check_allreduce(comm, algorithm, dtype, op, count, failures, where):
+    """Exact data through ``algorithm``, both ways; append what is wrong to ``failures``."""
+    n, r = comm.Get_size(), comm.Get_rank()
+    everyone = [exact_values(q, count, dtype, op) for q in range(n)]
+    expected = exact_reduce(everyone, op, dtype)
+    send = everyone[r]
+    original = send.copy()
+    out = np.full_like(send, 99)
+    pycollective.allreduce(send, out, op, comm=comm, algorithm=algorithm)
+    inplace = send.copy()
+    pycollective.allreduce(MPI.IN_PLACE, inplace, op, comm=comm, algorithm=algorithm)
+    label = f"{where} {dtype} {op} count={count}"
+    if not bitwise_equal(out, expected):
+        failures.append(f"{label}: {int(np.count_nonzero(out != expected))} wrong")
+    if not bitwise_equal(inplace, expected):
+        failures.append(f"{label} in place: {int(np.count_nonzero(inplace != expected))} wrong")
+    if not bitwise_equal(send, original):
+        failures.append(f"{label}: sendbuf modified")
+    if not replicas_identical(comm, out):
+        failures.append(f"{label}: ranks differ")
+
+
+@contextmanager
+def env(name, value):
+    """Set (or with None: unset) an environment variable for the block."""
+    old = os.environ.get(name)
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
+def shared_tmp(comm, tmp_path_factory, name):
+    """A path chosen on rank 0 and used by all ranks (same file system here)."""
+    path = str(tmp_path_factory.mktemp("shared") / name) if comm.Get_rank() == 0 else None
+    return comm.bcast(path, root=0)

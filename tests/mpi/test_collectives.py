@@ -79,7 +79,7 @@ def test_reduce_scatter_then_allgather_is_allreduce():
 @pytest.mark.mpi(min_size=2)
 def test_chunk_size_errors_on_every_rank():
     comm = MPI.COMM_WORLD
-    n, r = comm.Get_size(), comm.Get_rank()
+    n = comm.Get_size()
     with pytest.raises(ValueError, match="chunk"):
         pycollective.reduce_scatter(np.zeros(10 * n), np.zeros(10 * n), comm=comm)
     with pytest.raises(ValueError, match="chunk"):

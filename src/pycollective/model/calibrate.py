@@ -167,8 +167,8 @@ def calibrate(comm=None, *, min_bytes=4, max_bytes=1 << 26, factor=4, reps=7,
             for n in kernel_sizes:
                 m = n // dt.itemsize
                 av, bv, ov = np.ones(m, dt), np.ones(m, dt), np.empty(m, dt)
-                rows.append([m * dt.itemsize,
-                             _per_call(comm, lambda: k(av, bv, ov), _steps(n), reps)])
+                rows.append([m * dt.itemsize, _per_call(
+                    comm, lambda k=k, av=av, bv=bv, ov=ov: k(av, bv, ov), _steps(n), reps)])
                 del av, bv, ov
             curve = per_byte_curve(rows, rows[0][1])
             if curve:

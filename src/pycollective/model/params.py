@@ -185,21 +185,20 @@ def params_for(params, nranks):
     out["gamma_by_dtype"] = {
         dt: _interp(nranks, ns, [e["gamma_by_dtype"][dt] for e in entries]) for dt in dtypes}
     out["beta_curve"] = _interp_curves(nranks, ns, [e.get("beta_curve") for e in entries])
-    out["gamma_curves"] = {}
-    for dt in dtypes:
-        curve = _interp_curves(nranks, ns, [(e.get("gamma_curves") or {}).get(dt)
-                                            for e in entries])
-        if curve:
-            out["gamma_curves"][dt] = curve
+    def curves(field, keys):
+        """``{key: curve}`` of ``entry[field][key]`` interpolated in N, where any N has one."""
+        found = {}
+        for key in keys:
+            curve = _interp_curves(nranks, ns, [(e.get(field) or {}).get(key) for e in entries])
+            if curve:
+                found[key] = curve
+        return found
+
+    out["gamma_curves"] = curves("gamma_curves", dtypes)
     # An algorithm missing at some calibrated N (registered since) is taken
     # from the nearest N that has it (no ratio at all: the bare model).
-    names = set().union(*(set(e.get("corrections") or {}) for e in entries))
-    out["corrections"] = {}
-    for name in names:
-        curve = _interp_curves(nranks, ns, [(e.get("corrections") or {}).get(name)
-                                            for e in entries])
-        if curve:
-            out["corrections"][name] = curve
+    out["corrections"] = curves("corrections",
+                                set().union(*(set(e.get("corrections") or {}) for e in entries)))
     return out
 
 

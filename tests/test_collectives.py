@@ -1,32 +1,12 @@
-"""The public API on one rank (COMM_SELF and a one-rank world), and the registry."""
+"""The public collectives (pycollective._collectives) on one rank: COMM_SELF and a one-rank world."""
 
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 import pycollective
-from pycollective import _registry
 
 SELF = MPI.COMM_SELF
-
-
-def test_required_algorithms_are_registered():
-    names = pycollective.algorithms()
-    assert {"ring", "tree", "butterfly", "ps", "naive"} <= set(names)
-    assert len(names) == len(set(names))
-    for name in names:
-        entry = _registry.get(name)
-        assert entry.name == name and callable(entry.run) and entry.summary
-
-
-def test_unknown_algorithm_lists_known_ones():
-    with pytest.raises(ValueError, match="registered: ring, tree"):
-        _registry.get("rin")
-
-
-def test_register_twice_is_refused():
-    with pytest.raises(ValueError, match="already registered"):
-        _registry.register("ring", lambda *a: None, "dup")
 
 
 @pytest.mark.parametrize("algorithm", pycollective.algorithms())

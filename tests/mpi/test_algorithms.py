@@ -7,9 +7,6 @@
   the two-region small path and the one-region large path.
 """
 
-import os
-from contextlib import contextmanager
-
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -18,46 +15,9 @@ import pycollective
 from pycollective import _env as _env_settings
 from pycollective._context import get_context
 from pycollective.algorithms import hierarchical, ring_pipelined, shm
-from _data import bitwise_equal, exact_reduce, exact_values, replicas_identical
+from _data import check_allreduce as _check, env as _env
 
 OPS = ["sum", "prod", "max", "min"]
-
-
-def _check(comm, algorithm, dtype, op, count, failures, where):
-    n, r = comm.Get_size(), comm.Get_rank()
-    everyone = [exact_values(q, count, dtype, op) for q in range(n)]
-    expected = exact_reduce(everyone, op, dtype)
-    send = everyone[r]
-    original = send.copy()
-    out = np.full_like(send, 99)
-    pycollective.allreduce(send, out, op, comm=comm, algorithm=algorithm)
-    inplace = send.copy()
-    pycollective.allreduce(MPI.IN_PLACE, inplace, op, comm=comm, algorithm=algorithm)
-    label = f"{where} {dtype} {op} count={count}"
-    if not bitwise_equal(out, expected):
-        failures.append(f"{label}: {int(np.count_nonzero(out != expected))} wrong")
-    if not bitwise_equal(inplace, expected):
-        failures.append(f"{label} in place: {int(np.count_nonzero(inplace != expected))} wrong")
-    if not bitwise_equal(send, original):
-        failures.append(f"{label}: sendbuf modified")
-    if not replicas_identical(comm, out):
-        failures.append(f"{label}: ranks differ")
-
-
-@contextmanager
-def _env(name, value):
-    old = os.environ.get(name)
-    if value is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old
 
 
 def _layouts(world_size):
@@ -232,92 +192,3 @@ def test_shm_large_paths(cma):
         finally:
             comm.Free()
     assert not failures, f"{len(failures)} failures: " + "; ".join(failures[:5])
-
-
-@pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("algorithm", ["shm", "ring", "auto"])
-def test_repeated_call_fast_path_keeps_every_check(algorithm):
-    """After a good call, calls of the same shape take the cached path (see
-    _fastpath.lookup): results stay right, and a bad argument on one rank still
-    raises on every rank."""
-    from pycollective import _fastpath
-    comm = MPI.COMM_WORLD
-    n, r = comm.Get_size(), comm.Get_rank()
-    x = exact_values(r, 100, "float64", "sum")
-    expected = exact_reduce([exact_values(q, 100, "float64", "sum") for q in range(n)],
-                            "sum", "float64")
-    out = np.empty_like(x)
-    pycollective.allreduce(x, out, "sum", comm=comm, algorithm=algorithm)
-    assert _fastpath.lookup(x, out, "sum", comm, algorithm) is not None
-    for in_place in (False, True, False):  # the cached path, both ways
-        if in_place:
-            out = x.copy()
-            pycollective.allreduce(MPI.IN_PLACE, out, "sum", comm=comm, algorithm=algorithm)
-        else:
-            out = np.empty((10, 10))  # another shape of the same count and dtype
-            pycollective.allreduce(x, out, "sum", comm=comm, algorithm=algorithm)
-        assert np.array_equal(out.reshape(-1), expected)
-
-    ro = np.empty_like(x)
-    if r == 0:
-        ro.flags.writeable = False
-    with pytest.raises(ValueError, match="read-only"):
-        pycollective.allreduce(x, ro, "sum", comm=comm, algorithm=algorithm)
-
-    strided = np.empty(200)[::2] if r == n - 1 else np.empty(100)
-    with pytest.raises(ValueError, match="contiguous"):
-        pycollective.allreduce(x, strided, "sum", comm=comm, algorithm=algorithm)
-
-    count = 101 if r == 0 else 100  # rank 0 misses the cache, the others hit it
-    y = exact_values(r, count, "float64", "sum")
-    with pytest.raises(ValueError, match="disagree on count"):
-        pycollective.allreduce(y, np.empty_like(y), "sum", comm=comm, algorithm=algorithm)
-
-    overlap = np.zeros(150)
-    with pytest.raises(ValueError, match="overlap"):
-        pycollective.allreduce(overlap[:100], overlap[50:], "sum", comm=comm,
-                               algorithm=algorithm)
-
-    previous = pycollective.set_check(False)
-    try:
-        out = np.empty_like(x)
-        pycollective.allreduce(x, out, "sum", comm=comm, algorithm=algorithm)
-        assert np.array_equal(out, expected)
-    finally:
-        pycollective.set_check(previous)
-
-
-@pytest.mark.mpi(min_size=2)
-def test_shared_memory_sync_keeps_mpi_progress():
-    """A rank waiting in the flag barrier must keep driving MPI progress.
-
-    Rank 1's synchronous send completes only when rank 0's progress engine
-    matches it with the receive rank 0 posted; rank 0 makes no MPI call
-    between posting it and entering the barrier, and rank 1 enters the
-    barrier only after its send completed.  Without the Iprobe in
-    FlagBarrier.sync this deadlocks (the launcher's timeout ends the job);
-    the speed benchmark hung that way after a large ring_pipelined call.
-    """
-    from pycollective._shmem import FlagBarrier
-    world = MPI.COMM_WORLD
-    r = world.Get_rank()
-    comm = world.Split(0 if r < 2 else 1, r)
-    p2p = comm.Dup()
-    barrier = FlagBarrier(comm)
-    try:
-        if r < 2:
-            buf = np.zeros(4, np.int64)
-            if r == 0:
-                req = p2p.Irecv(buf, source=1, tag=5)
-                barrier.sync()
-                req.Wait()
-                assert np.array_equal(buf, [1, 2, 3, 4])
-            else:
-                p2p.Issend(np.array([1, 2, 3, 4], np.int64), dest=0, tag=5).Wait()
-                barrier.sync()
-        else:
-            barrier.sync()
-    finally:
-        barrier.free()
-        p2p.Free()
-        comm.Free()

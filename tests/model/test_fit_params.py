@@ -1,0 +1,166 @@
+"""Fitting (pycollective.model.fit) and calibration files (pycollective.model.params)."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+import pycollective
+from pycollective import model
+from pycollective.model import choose, fit_alpha_beta, predict
+
+ALGOS = pycollective.algorithms()
+
+
+def test_fit_recovers_alpha_beta_exactly():
+    sizes = 4.0 ** np.arange(12)
+    alpha, beta, res = fit_alpha_beta(sizes, 3e-6 + 2.5e-10 * sizes)
+    assert alpha == pytest.approx(3e-6, rel=1e-9)
+    assert beta == pytest.approx(2.5e-10, rel=1e-9)
+    assert res < 1e-9
+
+
+def test_fit_recovers_alpha_beta_from_noisy_data():
+    rng = np.random.default_rng(7)
+    sizes = np.repeat(4.0 ** np.arange(13), 3)
+    times = (8e-6 + 1e-9 * sizes) * rng.uniform(0.97, 1.03, sizes.size)
+    alpha, beta, res = fit_alpha_beta(sizes, times)
+    assert alpha == pytest.approx(8e-6, rel=0.03)
+    assert beta == pytest.approx(1e-9, rel=0.03)
+    assert 0.005 < res < 0.03
+
+
+def test_fit_keeps_parameters_non_negative():
+    sizes = np.array([10.0, 100, 1000, 10000])
+    # an exact line with alpha = -5e-9 (the free fit): alpha is pinned at 0
+    alpha, beta, _ = fit_alpha_beta(sizes, 1e-9 * sizes - 5e-9)
+    assert alpha == 0 and 0 < beta < 1e-9
+    # times that fall with size (the free fit: beta < 0): beta is pinned at 0
+    alpha, beta, _ = fit_alpha_beta(sizes, np.array([5e-6, 5e-6, 5e-6, 4e-6]))
+    assert beta == 0 and alpha == pytest.approx(4.75e-6, rel=0.05)
+
+
+@pytest.mark.parametrize("sizes, times", [([1, 1, 1], [1, 2, 3]), ([1, 2], [1, 0]),
+                                          ([1, 2, 3], [1, 2])])
+def test_fit_rejects_bad_data(sizes, times):
+    with pytest.raises(ValueError):
+        fit_alpha_beta(sizes, times)
+
+
+def test_missing_calibration_gives_documented_defaults(tmp_path):
+    p = model.load_params(tmp_path / "none.json")
+    assert {k: p[k] for k in ("alpha", "beta", "gamma")} == model.DEFAULTS
+    assert "defaults" in p["source"]
+
+
+def test_default_path_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("PYCOLLECTIVE_MODEL", str(tmp_path / "x.json"))
+    assert model.default_path() == str(tmp_path / "x.json")
+    monkeypatch.delenv("PYCOLLECTIVE_MODEL")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert model.default_path() == str(tmp_path / "pycollective" / "model.json")
+
+
+def test_save_load_round_trip(tmp_path):
+    entry2 = dict(nranks=2, alpha=1.0, beta=10.0, gamma=100.0, gamma_by_dtype={"float32": 100.0})
+    entry8 = dict(nranks=8, alpha=7.0, beta=70.0, gamma=700.0, gamma_by_dtype={"float32": 700.0})
+    data = model.merge_calibration(model.merge_calibration(None, entry8), entry2)
+    assert data["alpha"] == 1.0  # top level = smallest N
+    path = model.save_params(data, tmp_path / "sub" / "m.json")
+    p = model.load_params(path)
+    assert p["source"] == str(path) and set(p["by_nranks"]) == {"2", "8"}
+    at = model.load_params(path, nranks=4)
+    assert (at["alpha"], at["beta"], at["gamma"]) == pytest.approx((3.0, 30.0, 300.0))
+    assert at["gamma_by_dtype"]["float32"] == pytest.approx(300.0)
+    assert model.params_for(p, 1)["alpha"] == 1.0   # clamped below
+    assert model.params_for(p, 64)["alpha"] == 7.0  # clamped above
+    assert model.params_for(p, 8)["beta"] == 70.0
+
+
+@pytest.mark.parametrize("content", ["{not json", json.dumps({"alpha": 1.0}),
+                                     json.dumps({"alpha": -1, "beta": 1, "gamma": 1}),
+                                     json.dumps({"alpha": 1, "beta": 1, "gamma": 1,
+                                                 "by_nranks": {"x": {}}}),
+                                     json.dumps({"alpha": 1, "beta": 1, "gamma": 1,
+                                                 "corrections": {"ring": {"latency": 1}}}),
+                                     json.dumps({"alpha": 1, "beta": 1, "gamma": 1, "by_nranks": {
+                                         "2": {"alpha": 1, "beta": 1, "gamma": 1,
+                                               "beta_curve": [[8, 1], [4, 1]]}}})])
+def test_invalid_calibration_file_is_a_clear_error(tmp_path, content):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match="bad.json"):
+        model.load_params(path)
+
+
+def test_two_regime_fit_takes_beta_from_large_messages():
+    # In cache (< 1 MiB) bytes move at 1e-10 s/B, beyond at 3e-10 s/B.
+    sizes = 4.0 ** np.arange(1, 13)
+    times = 5e-6 + np.where(sizes < 2 ** 20, 1e-10, 3e-10) * sizes
+    alpha, beta, res = model.fit_two_regimes(sizes, times)
+    assert alpha == pytest.approx(5e-6, rel=0.01)
+    assert beta == pytest.approx(3e-10, rel=0.01)
+    one_line = fit_alpha_beta(sizes, times)[1]
+    assert one_line < 2.5e-10  # what a single line would have said
+    # without enough large sizes: one line
+    assert model.fit_two_regimes(sizes[:6], times[:6]) == fit_alpha_beta(sizes[:6], times[:6])
+
+
+def test_fit_corrections_gives_measured_over_model_ratios():
+    a, b, g, o, N = 3e-6, 2e-10, 1e-10, 20e-6, 4
+    counts = [4 ** k for k in range(11)]
+    ratio = {"ring": lambda c: 2.0, "butterfly": lambda c: 1.0 + math.log(c + 1)}
+    times = {name: [[c, o + r(c) * predict(name, N, c, alpha=a, beta=b, gamma=g)]
+                    for c in counts] for name, r in ratio.items()}
+    fitted = model.fit_corrections(N, {"overhead": o, "times": times},
+                                   dict(alpha=a, beta=b, gamma=g), smooth=0)
+    assert set(fitted) == set(ratio)
+    for name, r in ratio.items():
+        assert [x for x, _ in fitted[name]] == [4 * c for c in counts]  # bytes of float32
+        assert [y for _, y in fitted[name]] == pytest.approx([r(c) for c in counts])
+    # smoothed: below 16 KiB (counts 1..1024 here) each ratio is the mean over
+    # itself and one neighbour each side below 16 KiB; above, as measured
+    smooth = model.fit_corrections(N, {"overhead": o, "times": times},
+                                   dict(alpha=a, beta=b, gamma=g))
+    want = [r(c) for c in counts]
+    small = want[:6]
+    assert [y for _, y in smooth["butterfly"]] == pytest.approx(
+        [np.mean(small[max(0, i - 1):i + 2]) for i in range(6)] + want[6:])
+    assert [y for _, y in smooth["ring"]] == pytest.approx([2.0] * len(counts))
+
+
+def test_explain_and_choose_use_the_measured_ratios(tmp_path):
+    # Measured: ring 10x slower than the model at every size; butterfly 10x
+    # slower from 4 MB on, exact below 4 KB, log-linear between.
+    entry = dict(nranks=4, alpha=5e-6, beta=1e-10, gamma=1e-10, overhead=3e-5,
+                 corrections={"ring": [[4, 10.0], [1 << 24, 10.0]],
+                              "butterfly": [[4096, 1.0], [1 << 22, 10.0]]})
+    params = model.load_params(model.save_params(model.merge_calibration(None, entry),
+                                                 tmp_path / "c.json"))
+    kw = dict(alpha=5e-6, beta=1e-10, gamma=1e-10)
+    for M in (1, 1000, 10 ** 6, 10 ** 8):
+        t = model.explain(4, M, "float32", params)
+        assert t["ring"] == pytest.approx(3e-5 + 10 * predict("ring", 4, M, **kw))
+        assert t["tree"] == pytest.approx(3e-5 + predict("tree", 4, M, **kw))
+        assert choose(4, M, "float32", "sum", params) == min(t, key=t.get)
+        assert list(t) == ALGOS
+    mid = model.explain(4, 1 << 15, "float32", params)["butterfly"]  # 128 KiB: halfway in log
+    assert mid == pytest.approx(3e-5 + 5.5 * predict("butterfly", 4, 1 << 15, **kw))
+    assert model.explain(4, 1, "float32", params)["butterfly"] == pytest.approx(
+        3e-5 + predict("butterfly", 4, 1, **kw))
+
+
+def test_per_size_curves_set_beta_and_gamma_by_vector_size():
+    # In cache (<= 1 MiB) 1e-10 s/B, out of cache 4e-10 s/B: a 4 MiB vector
+    # pays the out-of-cache rate, a 64 KiB one the in-cache rate.
+    curve = [[1 << 14, 1e-10], [1 << 20, 1e-10], [1 << 22, 4e-10], [1 << 24, 4e-10]]
+    params = dict(alpha=1e-6, beta=1e-10, gamma=0.0, beta_curve=curve)
+    small, big = 1 << 14, 1 << 20  # float32 counts: 64 KiB and 4 MiB
+    t_small = model.explain(2, small, "float32", params)["ring"]
+    t_big = model.explain(2, big, "float32", params)["ring"]
+    assert t_small == pytest.approx(predict("ring", 2, small, alpha=1e-6, beta=1e-10))
+    assert t_big == pytest.approx(predict("ring", 2, big, alpha=1e-6, beta=4e-10))
+    # in between: log-linear
+    mid = model.params.value_at(curve, 1 << 21, None)
+    assert mid == pytest.approx(2.5e-10)  # halfway in log(bytes) between 1 and 4 MiB

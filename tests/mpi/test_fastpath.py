@@ -1,0 +1,61 @@
+"""The repeated-call fast path (pycollective._fastpath) keeps every check of the full path."""
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import pycollective
+from pycollective import _fastpath
+from _data import exact_reduce, exact_values
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("algorithm", ["shm", "ring", "auto"])
+def test_repeated_call_fast_path_keeps_every_check(algorithm):
+    """After a good call, calls of the same shape take the cached path (see
+    _fastpath.lookup): results stay right, and a bad argument on one rank still
+    raises on every rank."""
+    comm = MPI.COMM_WORLD
+    n, r = comm.Get_size(), comm.Get_rank()
+    x = exact_values(r, 100, "float64", "sum")
+    expected = exact_reduce([exact_values(q, 100, "float64", "sum") for q in range(n)],
+                            "sum", "float64")
+    out = np.empty_like(x)
+    pycollective.allreduce(x, out, "sum", comm=comm, algorithm=algorithm)
+    assert _fastpath.lookup(x, out, "sum", comm, algorithm) is not None
+    for in_place in (False, True, False):  # the cached path, both ways
+        if in_place:
+            out = x.copy()
+            pycollective.allreduce(MPI.IN_PLACE, out, "sum", comm=comm, algorithm=algorithm)
+        else:
+            out = np.empty((10, 10))  # another shape of the same count and dtype
+            pycollective.allreduce(x, out, "sum", comm=comm, algorithm=algorithm)
+        assert np.array_equal(out.reshape(-1), expected)
+
+    ro = np.empty_like(x)
+    if r == 0:
+        ro.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        pycollective.allreduce(x, ro, "sum", comm=comm, algorithm=algorithm)
+
+    strided = np.empty(200)[::2] if r == n - 1 else np.empty(100)
+    with pytest.raises(ValueError, match="contiguous"):
+        pycollective.allreduce(x, strided, "sum", comm=comm, algorithm=algorithm)
+
+    count = 101 if r == 0 else 100  # rank 0 misses the cache, the others hit it
+    y = exact_values(r, count, "float64", "sum")
+    with pytest.raises(ValueError, match="disagree on count"):
+        pycollective.allreduce(y, np.empty_like(y), "sum", comm=comm, algorithm=algorithm)
+
+    overlap = np.zeros(150)
+    with pytest.raises(ValueError, match="overlap"):
+        pycollective.allreduce(overlap[:100], overlap[50:], "sum", comm=comm,
+                               algorithm=algorithm)
+
+    previous = pycollective.set_check(False)
+    try:
+        out = np.empty_like(x)
+        pycollective.allreduce(x, out, "sum", comm=comm, algorithm=algorithm)
+        assert np.array_equal(out, expected)
+    finally:
+        pycollective.set_check(previous)

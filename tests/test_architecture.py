@@ -1,0 +1,203 @@
+"""The package's shape: imports flow one way, every module imports on its own.
+
+The layers (docs/architecture.md): small utilities -> context ->
+shared-memory primitives -> algorithms -> agreement / fast path / auto
+choice (and the pure cost model) -> the public collectives -> what is
+built on them (drop-in, bucketing, bench, calibration, CLIs).  A module may
+import from its own layer or below, never above; the core imports no
+algorithm module except where an algorithm's phases *are* a public
+collective (ring's reduce-scatter and allgather).
+"""
+
+import ast
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+ROOT = "pycollective"
+
+LAYERS = [
+    # 0: no MPI state of their own
+    {"_env", "_ops", "_units", "_table", "_timing", "_root", "_exact", "_about", "_kernels",
+     "_partition", "_registry"},
+    {"_context"},
+    {"_shmem", "_cma"},
+    {"algorithms", "algorithms.*"},
+    {"_agree", "_fastpath", "_auto", "model", "model.formulas", "model.lecture",
+     "model.params", "model.choice", "model.fit"},
+    {"_collectives"},
+    {"comm", "bucketing", "bench", "bench.*", "model.calibrate", "model.__main__", ""},
+]
+
+# Where the core may reach into an algorithm module, and why.
+ALGORITHM_IMPORTS_ALLOWED = {
+    ("_collectives", "algorithms"): "importing the package registers every algorithm",
+    ("_collectives", "algorithms.ring"): "ring's phases are reduce_scatter and allgather",
+    ("model.calibrate", "algorithms._p2p"): "calibration times the algorithms' own Sendrecv",
+}
+
+
+def _modules():
+    """{dotted name relative to the package ('' for the package): path}."""
+    found = {}
+    for path in sorted((SRC / ROOT).rglob("*.py")):
+        rel = path.relative_to(SRC / ROOT).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join(parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _is_package(name):
+    return MODULES[name].name == "__init__.py"
+
+
+def _resolve(module, node):
+    """Targets (relative dotted names) of one import statement inside ``module``."""
+    targets = []
+    if isinstance(node, ast.Import):
+        for alias in node.names:
+            if alias.name == ROOT or alias.name.startswith(ROOT + "."):
+                targets.append(alias.name[len(ROOT) + 1:])
+        return targets
+    if node.level:
+        base = module.split(".") if module else []
+        if not _is_package(module):
+            base = base[:-1]
+        base = base[:len(base) - (node.level - 1)] if node.level > 1 else base
+        prefix = ".".join(base + ([node.module] if node.module else []))
+    elif node.module == ROOT or (node.module or "").startswith(ROOT + "."):
+        prefix = node.module[len(ROOT) + 1:]
+    else:
+        return targets
+    targets.append(prefix)
+    for alias in node.names:  # ``from . import ring`` imports a module
+        sub = f"{prefix}.{alias.name}" if prefix else alias.name
+        if sub in MODULES:
+            targets.append(sub)
+    return targets
+
+
+def _ancestors(name):
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def import_graph():
+    """Edges ``module -> module`` from every import statement, function-local ones included.
+
+    Importing ``a.b`` first runs package ``a``'s ``__init__``, so an import
+    from outside a subpackage also depends on that package; the root package
+    (the public facade, imported first by everything) is left out.
+    """
+    graph = {name: set() for name in MODULES}
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            for target in _resolve(name, node):
+                if target not in MODULES or target == name or target == "":
+                    continue
+                graph[name].add(target)
+                for parent in _ancestors(target):
+                    if parent not in _ancestors(name) and parent != name:
+                        graph[name].add(parent)
+    return graph
+
+
+def _layer(name):
+    for i, layer in enumerate(LAYERS):
+        for pattern in layer:
+            if name == pattern or (pattern.endswith(".*") and name.startswith(pattern[:-1])):
+                return i
+    raise AssertionError(f"module {ROOT}.{name} is in no layer: add it to LAYERS "
+                         "(and to docs/architecture.md)")
+
+
+def find_cycle(graph):
+    """One import cycle as a list of modules, or None."""
+    state, stack = {}, []
+
+    def visit(node):
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def test_no_import_cycles():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(f"{ROOT}.{m}".rstrip(".") for m in cycle)
+
+
+def test_the_cycle_finder_finds_cycles():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_imports_flow_down_the_layers():
+    wrong = []
+    for name, targets in import_graph().items():
+        for target in targets:
+            if _layer(target) > _layer(name):
+                wrong.append(f"{name} (layer {_layer(name)}) imports {target} "
+                             f"(layer {_layer(target)})")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_the_core_imports_algorithms_only_where_a_collective_is_an_algorithm():
+    core = {n for n in MODULES if _layer(n) in (0, 1, 2, 4, 5)}
+    wrong = [f"{name} imports {target}" for name in sorted(core)
+             for target in sorted(import_graph()[name])
+             if _layer(target) == 3 and (name, target) not in ALGORITHM_IMPORTS_ALLOWED]
+    assert not wrong, "\n".join(wrong)
+
+
+def _import_alone(name):
+    dotted = f"{ROOT}.{name}" if name else ROOT
+    proc = subprocess.run([sys.executable, "-c", f"import {dotted}"], capture_output=True,
+                          text=True, timeout=120)
+    return None if proc.returncode == 0 else f"import {dotted} failed:\n{proc.stderr[-2000:]}"
+
+
+def test_every_module_imports_first_in_a_fresh_interpreter():
+    # One interpreter per module, each importing it first: a cycle that only
+    # bites in some import order shows up here.
+    names = [n for n in MODULES if not n.endswith("__main__")]
+    with ThreadPoolExecutor(2) as pool:
+        failures = [f for f in pool.map(_import_alone, names) if f]
+    assert not failures, "\n".join(failures)
+
+
+def test_the_command_lines_start():
+    def run(args):
+        return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True,
+                              timeout=120)
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(run, [["pycollective.model", "--help"],
+                                      ["pycollective.bench", "--help"]]))
+    for proc in results:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "usage:" in proc.stdout
