@@ -212,18 +212,31 @@ def test_example_algorithm_registers_once(tmp_path):
     assert name not in pycollective.algorithms()
 
 
+def _launch(nranks, *args):
+    env = dict(os.environ, PYTHON=sys.executable, PYCOLLECTIVE_TIMEOUT="300")
+    proc = subprocess.run([str(ROOT / "scripts" / "run_mpi.sh"), str(nranks), *map(str, args)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=360)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_readme_example_runs(tmp_path):
+    section = README.read_text(encoding="utf-8").split("## Example", 1)[1].split("\n## ", 1)[0]
+    code = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(code) == 1, "README's Example section should hold one python block"
+    script = tmp_path / "example.py"
+    script.write_text(code[0] + "\nassert (grad == (comm.size + 1) / 2).all() and (out == grad).all()\n")
+    status, output = _launch(2, script)
+    assert status == 0, output[-5000:]
+
+
 def test_example_algorithm_matches_native(tmp_path):
     name, code = _example()
     module = tmp_path / f"{name}.py"
     module.write_text(code)
     script = tmp_path / "run_example.py"
     script.write_text(_RUN_EXAMPLE)
-    env = dict(os.environ, PYTHON=sys.executable, PYCOLLECTIVE_TIMEOUT="300")
-    proc = subprocess.run([str(ROOT / "scripts" / "run_mpi.sh"), "3", str(script),
-                           str(Path(__file__).parent), str(module), name],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=360)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0 and "example algorithm ok" in output, output[-5000:]
+    status, output = _launch(3, script, Path(__file__).parent, module, name)
+    assert status == 0 and "example algorithm ok" in output, output[-5000:]
 
 
 if __name__ == "__main__":
