@@ -1,6 +1,7 @@
 """scripts/run_mpi.sh: bounded launches, abort on error, /dev/shm clean-up."""
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -12,7 +13,8 @@ RUN = Path(__file__).resolve().parents[1] / "scripts" / "run_mpi.sh"
 
 
 def run(args, limit=60, **env):
-    environ = dict(os.environ, PYTHON=sys.executable, PYCOLLECTIVE_TIMEOUT=str(limit), **env)
+    environ = dict(os.environ, PYTHON=sys.executable, PYCOLLECTIVE_TIMEOUT=str(limit))
+    environ.update(env)  # may override os.environ's PYTHONUNBUFFERED
     start = time.monotonic()
     proc = subprocess.run([str(RUN), *args], env=environ, capture_output=True, text=True,
                           timeout=limit + 60)
@@ -25,11 +27,16 @@ def test_usage_errors(args):
     assert proc.returncode == 2 and "usage" in proc.stderr
 
 
-def test_runs_on_several_ranks():
-    code = "from mpi4py import MPI; c = MPI.COMM_WORLD; print('rank', c.rank, 'of', c.size)"
-    proc, _ = run(["3", "-c", code])
+@pytest.mark.parametrize("unbuffered", ["", "1"])
+def test_runs_on_several_ranks(unbuffered):
+    # With PYTHONUNBUFFERED=1 a print() is several writes, which mpiexec may interleave
+    # with other ranks' output: each rank writes its line at once, and the test looks for
+    # the lines anywhere in the output.
+    code = ("from mpi4py import MPI; import os; c = MPI.COMM_WORLD; "
+            "os.write(1, f'rank {c.rank} of {c.size}\\n'.encode())")
+    proc, _ = run(["3", "-c", code], PYTHONUNBUFFERED=unbuffered)
     assert proc.returncode == 0, proc.stderr
-    assert sorted(line for line in proc.stdout.splitlines() if line.startswith("rank")) == [
+    assert sorted(re.findall(r"rank \d+ of \d+", proc.stdout)) == [
         "rank 0 of 3", "rank 1 of 3", "rank 2 of 3"]
 
 
