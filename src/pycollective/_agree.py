@@ -10,7 +10,8 @@ disagree, every rank raises naming the fact and its range.
 
 The MAX runs through shared memory when every rank of the communicator is
 on one node (:class:`~pycollective._shmem.SharedMax`: a write, a flag
-barrier, a read), else as one ``MPI_Allreduce``.  An MPI collective costs
+barrier, a read; its first sync also compares every rank's call header),
+else as one nonblocking ``MPI_Iallreduce`` waited for with a deadline.  An MPI collective costs
 several µs at 2 ranks and up to milliseconds when ranks outnumber cores, so
 this is most of a small call's overhead.  Which board a communicator uses
 is decided on its first agreement, collectively, the same on all ranks.
@@ -21,31 +22,34 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 from mpi4py import MPI
 
+from . import _watch
 from ._context import Key
-from ._shmem import SharedMax
+from ._shmem import SharedMax, whole_node
 
 __all__ = ["Facts", "agree", "fact_values", "agree_max", "verdict", "MAX_FACTS"]
 
 #: ``((label, int value), ...)``: what every rank must share for one call.
 Facts = Sequence[Tuple[str, int]]
 
-MAX_FACTS = 4  # every rank sends the same-length vector, error or not
+MAX_FACTS = 7  # every rank sends the same-length vector, error or not
 _ERRORS = {"TypeError": TypeError, "ValueError": ValueError}
 _BOARD = Key("agree.board")
 
 
 class _MpiMax:
-    """Ranks on several nodes: one MPI_Allreduce."""
+    """Ranks on several nodes: one MPI_Iallreduce, waited for with a deadline."""
 
     def __init__(self, comm):
         self.comm = comm
 
     def max(self, values):
-        self.comm.Allreduce(MPI.IN_PLACE, values, op=MPI.MAX)
+        request = self.comm.Iallreduce(MPI.IN_PLACE, values, op=MPI.MAX)
+        _watch.waitall([request], waiting_for="the agreement step")
 
 
 def _board(ctx):
-    return SharedMax.on(ctx.comm) or _MpiMax(ctx.comm)
+    group = whole_node(ctx)
+    return SharedMax(group) if group is not None else _MpiMax(ctx.comm)
 
 
 def agree_max(ctx, values: np.ndarray) -> None:

@@ -12,7 +12,7 @@ import ctypes
 import os
 
 import numpy as np
-from mpi4py import MPI
+
 
 __all__ = ["CrossMemory", "available"]
 
@@ -43,40 +43,46 @@ def available():
 class CrossMemory:
     """Reads of another rank's private memory by address (``process_vm_readv``).
 
-    Ranks publish their buffer addresses in a small shared window; a reader
-    copies straight from the owner's array, so no rank has to stage its input
-    in shared memory first.  Usable only where the system allows it (Linux,
-    same user, ptrace permitted); :meth:`probe` finds out collectively, so all
-    ranks take the same path.
+    Ranks publish their buffers' addresses and sizes in their headers of a
+    :class:`~pycollective._shmem.NodeGroup`; a reader copies straight from
+    the owner's array, so no rank has to stage its input in shared memory
+    first.  A read is refused unless it lies inside the size the owner
+    published, so ranks that disagree on the size can never read past the
+    end of a peer's buffer.  Usable only where the system allows it (Linux,
+    same user, ptrace permitted); :meth:`probe` finds out collectively, so
+    all ranks take the same path.  Collective over the group to create.
     """
 
-    def __init__(self, node):
-        self.node = node  # its flag barrier is our sync
-        comm = self.comm = node.comm
-        self.rank, self.size = comm.Get_rank(), comm.Get_size()
-        self.win = MPI.Win.Allocate_shared(64, 1, comm=comm)
-        self.win.Lock_all(MPI.MODE_NOCHECK)
-        self.headers = [np.frombuffer(self.win.Shared_query(q)[0], np.int64, 8)
-                        for q in range(self.size)]
-        self.headers[self.rank][0] = os.getpid()
+    SRC, DST = 1, 2  # which published buffer to read
+
+    def __init__(self, group):
+        self.group = group
+        self.rank, self.size = group.rank, group.size
+        self.headers = group.cma[:, :4]  # pid, src, dst, nbytes
+        self.headers[self.rank] = (os.getpid(), 0, 0, 0)
         self._local, self._remote = _IoVec(), _IoVec()
         self._tmp = np.empty(0, np.uint8)
-        self.sync()
+        group.sync()
         self.pids = [int(h[0]) for h in self.headers]
 
-    def sync(self):
-        self.win.Sync()
-        self.node.sync()
-        self.win.Sync()
-
     def publish(self, src, dst):
-        header = self.headers[self.rank]
-        header[1] = src.ctypes.data
-        header[2] = dst.ctypes.data
+        """Make this call's buffers readable (before the call's first sync)."""
+        self.headers[self.rank, 1:] = (src.ctypes.data, dst.ctypes.data, dst.nbytes)
 
-    def read(self, q, address, out):
-        """Copy ``out.nbytes`` bytes at ``address`` in rank q's memory into ``out``."""
-        done, total, base = 0, out.nbytes, out.ctypes.data
+    def read(self, q, which, offset, out):
+        """Copy ``out.nbytes`` bytes at ``offset`` in rank q's published buffer into ``out``.
+
+        Raises:
+            ValueError: the range is not inside what rank q published.
+            OSError: the kernel refused the read (e.g. rank q died).
+        """
+        header = self.headers[q]
+        total = out.nbytes
+        if offset < 0 or offset + total > int(header[3]):
+            raise ValueError(f"refusing to read bytes [{offset}, {offset + total}) of node "
+                             f"rank {q}'s buffer, which has {int(header[3])} bytes")
+        address = int(header[which]) + offset
+        done, base = 0, out.ctypes.data
         local, remote = self._local, self._remote
         while done < total:
             local.base, local.len = base + done, total - done
@@ -84,7 +90,8 @@ class CrossMemory:
             got = _readv(self.pids[q], ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
             if got <= 0:
                 err = ctypes.get_errno()
-                raise OSError(err, f"process_vm_readv from rank {q}: {os.strerror(err)}")
+                raise OSError(err, f"process_vm_readv from node rank {q} (pid {self.pids[q]}): "
+                                   f"{os.strerror(err)}")
             done += got
 
     def scratch(self, nbytes):
@@ -95,19 +102,16 @@ class CrossMemory:
     def probe(self):
         """True on every rank iff every rank can read its right neighbour's memory."""
         mark = np.array([0x5EED0000 + self.rank], np.int64)
-        self.headers[self.rank][1] = mark.ctypes.data
-        self.sync()
+        self.publish(mark, mark)
+        self.group.sync()
         right = (self.rank + 1) % self.size
         got = np.zeros(1, np.int64)
         try:
-            self.read(right, int(self.headers[right][1]), got)
+            self.read(right, self.SRC, 0, got)
             ok = int(got[0]) == 0x5EED0000 + right
-        except OSError:
+        except (OSError, ValueError):
             ok = False
-        ok = self.comm.allreduce(ok, op=MPI.LAND)  # also keeps `mark` alive until all read
-        return ok
+        return self.group.all_ok(ok)  # also keeps `mark` alive until every rank has read
 
     def free(self):
-        self.win.Unlock_all()
-        self.win.Free()
-
+        self.headers = None

@@ -14,14 +14,30 @@ one allocation per large call costs), and the state that algorithms, the
 automatic choice, the fast path and the nonblocking engine build once.
 That state is stored under typed :class:`Key` objects owned by the module
 that builds it, so two modules can never overwrite each other's entries.
+
+Calls on one communicator are serialised by the context's lock: MPI requires
+collectives on a communicator to be issued in the same order on every rank,
+and two threads of one rank running collectives on it at once would mix
+their messages and scratch buffers.  Each call gets the next number on the
+communicator (``calls``), which the side channel uses to say which rank is
+in which call.  A failure leaves the context ``broken``.
+
+Per-communicator *settings* (the timeout) are stored separately, as a local
+attribute of the user's communicator, because setting them must not be a
+collective operation.
 """
 
+import threading
 from typing import Callable, Dict, Generic, Optional, TypeVar
 
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["Context", "Key", "get_context", "find_context"]
+from . import _watch
+from ._errors import CollectiveError
+
+__all__ = ["Context", "Key", "get_context", "find_context", "comm_settings", "set_comm_setting",
+           "live_contexts"]
 
 _KEEP_BYTES = 64 << 20
 
@@ -44,15 +60,28 @@ class Key(Generic[T]):
         return f"Key({self.name!r})"
 
 
+def describe_comm(comm) -> str:
+    """``MPI_COMM_WORLD (4 ranks)`` or ``communicator 0x84000002 (4 ranks)``."""
+    name = comm.Get_name() or f"communicator {MPI._handleof(comm):#x}"
+    return f"{name} ({comm.Get_size()} ranks)"
+
+
 class Context:
     """Private communicator, rank, size, scratch space and cached state of one user comm."""
 
-    __slots__ = ("comm", "rank", "size", "_scratch", "_cache")
+    __slots__ = ("comm", "rank", "size", "label", "lock", "calls", "broken", "pending_notices",
+                 "early_notices", "_scratch", "_cache", "__weakref__")
 
-    def __init__(self, comm):
+    def __init__(self, comm, label=None):
         self.comm = comm
-        self.rank = comm.Get_rank()
-        self.size = comm.Get_size()
+        self.rank = comm.Get_rank() if comm != MPI.COMM_NULL else 0
+        self.size = comm.Get_size() if comm != MPI.COMM_NULL else 0
+        self.label = label or describe_comm(comm)
+        self.lock = threading.Lock()   # one collective at a time on this communicator
+        self.calls = 0                 # collectives started on it, numbered from 1
+        self.broken: Optional[BaseException] = None
+        self.pending_notices = []      # side-channel sends not yet completed
+        self.early_notices = []        # side-channel notices about a later call
         self._scratch: Dict[Key, np.ndarray] = {}
         # Values may have a ``free()`` method, called when the context dies
         # (in reverse order of creation: later state may use earlier state).
@@ -93,15 +122,36 @@ class Context:
         return value
 
     def free(self):
-        """Free every cached state (newest first), the scratch and the private communicator."""
+        """Free every cached state (newest first), the scratch and the private communicator.
+
+        A broken context frees no shared state: peers may be stuck in it, and
+        freeing windows or segments is collective.
+        """
         self._scratch.clear()
-        for value in reversed(list(self._cache.values())):
-            free = getattr(value, "free", None)
-            if free is not None:
-                free()
-        self._cache.clear()
+        cache, self._cache = self._cache, {}
+        if self.broken is None:
+            for value in reversed(list(cache.values())):
+                free = getattr(value, "free", None)
+                if free is not None:
+                    free()
         if self.comm != MPI.COMM_NULL:
+            for req in self.pending_notices:
+                if not req.Test():
+                    req.Cancel()
+            self.pending_notices = []
             self.comm.Free()
+            self.comm = MPI.COMM_NULL
+        _LIVE.pop(id(self), None)
+
+
+# Every live context, in creation order (the same on every rank), for freeing
+# at interpreter exit before MPI_Finalize.
+_LIVE: Dict[int, Context] = {}
+
+
+def live_contexts():
+    """Live contexts, oldest first."""
+    return list(_LIVE.values())
 
 
 def _delete(comm, keyval, ctx):
@@ -111,6 +161,9 @@ def _delete(comm, keyval, ctx):
 
 
 _KEYVAL = None
+_SETTINGS = None
+_creating: Dict[int, threading.Lock] = {}
+_creating_guard = threading.Lock()
 
 
 def _keyval():
@@ -120,15 +173,57 @@ def _keyval():
     return _KEYVAL
 
 
+def _creation_lock(comm) -> threading.Lock:
+    # Per communicator, so threads creating contexts of different
+    # communicators never wait for each other (their ranks may reach the
+    # collective Dup in different orders).
+    with _creating_guard:
+        return _creating.setdefault(MPI._handleof(comm), threading.Lock())
+
+
 def get_context(comm) -> Context:
-    """Return the cached :class:`Context` of ``comm`` (collective on first use)."""
+    """Return the cached :class:`Context` of ``comm`` (collective on first use).
+
+    Raises:
+        CollectiveTimeout: not every rank made its first pycollective call on
+            ``comm`` within the timeout.
+        CollectiveError: MPI cannot create another communicator (too many
+            live communicators).
+    """
     keyval = _keyval()
     ctx = comm.Get_attr(keyval)
-    if ctx is None:
-        # A plain Intracomm handle: a wrapped pycollective.Comm passed as comm
-        # must not route the library's own traffic back through the wrapper.
-        ctx = Context(MPI.Intracomm(comm).Dup())
-        comm.Set_attr(keyval, ctx)
+    if ctx is not None:
+        return ctx
+    with _creation_lock(comm):
+        ctx = comm.Get_attr(keyval)
+        if ctx is None:
+            ctx = _create(comm)
+            comm.Set_attr(keyval, ctx)
+    return ctx
+
+
+def _create(comm) -> Context:
+    # A plain Intracomm handle: a wrapped pycollective.Comm passed as comm
+    # must not route the library's own traffic back through the wrapper.
+    plain = MPI.Intracomm(comm)
+    label = describe_comm(plain)
+    try:
+        private, request = plain.Idup()
+    except MPI.Exception as exc:
+        raise CollectiveError(
+            f"pycollective could not create its private duplicate of {label}: MPI has no "
+            f"communicator left ({exc.Get_error_string().strip()}); {len(_LIVE)} communicators "
+            "are in use by pycollective: free the ones you no longer need") from None
+    try:
+        _watch.waitall([request], waiting_for=f"every rank's first pycollective call on {label}")
+    except CollectiveError as exc:
+        # Later calls raise at once instead of waiting again.
+        broken = Context(MPI.COMM_NULL, label)
+        broken.broken = exc
+        comm.Set_attr(_keyval(), broken)
+        raise
+    ctx = Context(private, label)
+    _LIVE[id(ctx)] = ctx
     return ctx
 
 
@@ -140,3 +235,25 @@ def find_context(comm) -> Optional[Context]:
         return comm.Get_attr(_KEYVAL)
     except MPI.Exception:  # e.g. a freed communicator: the full path says so
         return None
+
+
+def comm_settings(comm) -> dict:
+    """Per-communicator settings (e.g. ``{"timeout": 30.0}``); local, never collective."""
+    if _SETTINGS is None:
+        return {}
+    try:
+        return comm.Get_attr(_SETTINGS) or {}
+    except MPI.Exception:
+        return {}
+
+
+def set_comm_setting(comm, name, value):
+    """Set one per-communicator setting; returns the previous value (or None)."""
+    global _SETTINGS
+    if _SETTINGS is None:
+        _SETTINGS = MPI.Comm.Create_keyval()
+    settings = dict(comm_settings(comm))
+    previous = settings.get(name)
+    settings[name] = value
+    comm.Set_attr(_SETTINGS, settings)
+    return previous

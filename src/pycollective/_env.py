@@ -108,6 +108,14 @@ SEGMENT_BYTES = _setting(
 SHM_CMA = _setting(
     "PYCOLLECTIVE_SHM_CMA", parse_bool, True,
     "let shm read peers' buffers with process_vm_readv above 1 MiB (default on)")
+TIMEOUT_S = _setting(
+    "PYCOLLECTIVE_TIMEOUT_S", parse_seconds, 300.0,
+    "longest wait without progress inside a collective before it raises CollectiveTimeout "
+    "(seconds; 0 or off: no limit); pycollective.set_timeout overrides it")
+STALL_WARN_S = _setting(
+    "PYCOLLECTIVE_STALL_WARN_S", parse_seconds, 60.0,
+    "after this many seconds of one wait, warn (StallWarning) naming the late ranks "
+    "(0 or off: no warning)")
 RANKS_PER_NODE = _setting(
     "PYCOLLECTIVE_RANKS_PER_NODE", str.strip, "",
     "emulated node layout for hierarchical: k ranks per node, or sizes like 2,4")

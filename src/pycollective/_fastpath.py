@@ -6,9 +6,12 @@ every check, what it resolved to is kept in the communicator's context as a
 :class:`Plan`, and a later call of the same shape only re-checks what can
 change between calls: the buffers themselves (plain C-contiguous numpy
 arrays, writable recvbuf, same dtype and size, no partial overlap).
-Anything else goes the full way.  Agreement still runs (the same vector,
-one small reduction); when the reduced vector is not what agreeing ranks
-produce, the full verdict raises the same error as the full path would.
+Anything else goes the full way, and so does any call after a settings
+change (``set_check``, ``set_timeout``, ``set_segment_bytes``; environment
+variables are read when a shape is first seen).  Agreement still runs (the
+same vector, one small reduction); when the reduced vector is not what
+agreeing ranks produce, the full verdict raises the same error as the full
+path would.
 """
 
 from typing import Callable, NamedTuple, Optional
@@ -16,7 +19,7 @@ from typing import Callable, NamedTuple, Optional
 import numpy as np
 from mpi4py import MPI
 
-from . import _auto
+from . import _auto, _settings
 from ._agree import Facts, fact_values
 from ._context import Context, Key, find_context
 from ._registry import Algorithm
@@ -36,6 +39,10 @@ class Plan(NamedTuple):
     agreed: bytes                      # the reduced vector when all ranks agree
     facts: Facts
     auto: Optional["_auto.AutoState"]  # the state that chose ``algo``; None if named
+    settings: "_settings.Settings"     # what the call runs with
+    fingerprint: tuple                 # the call's fingerprint (side channel, headers)
+    words: np.ndarray                  # the fingerprint as header words
+    epoch: int                         # settings epoch it was resolved in
 
 
 class Hit(NamedTuple):
@@ -55,7 +62,7 @@ def _op_key(op):
     return None
 
 
-def lookup(sendbuf, recvbuf, op, comm, algorithm) -> Optional[Hit]:
+def lookup(sendbuf, recvbuf, op, comm, algorithm, timeout) -> Optional[Hit]:
     """A :class:`Hit` when this call has the shape of an earlier good one, else None."""
     if comm is None:
         comm = MPI.COMM_WORLD
@@ -69,8 +76,12 @@ def lookup(sendbuf, recvbuf, op, comm, algorithm) -> Optional[Hit]:
     memo = ctx.peek(_MEMO)
     if memo is None:
         return None
-    plan = memo.get((algorithm, _op_key(op), recvbuf.dtype, recvbuf.size))
-    if plan is None or (plan.auto is not None and ctx.peek(_auto.KEY) is not plan.auto):
+    try:
+        plan = memo.get((algorithm, _op_key(op), recvbuf.dtype, recvbuf.size, timeout))
+    except TypeError:  # an unhashable timeout: the full path says what is wrong
+        return None
+    if plan is None or plan.epoch != _settings.epoch or (
+            plan.auto is not None and ctx.peek(_auto.KEY) is not plan.auto):
         return None
     flags = recvbuf.flags
     if not (flags.c_contiguous and flags.writeable):
@@ -85,16 +96,21 @@ def lookup(sendbuf, recvbuf, op, comm, algorithm) -> Optional[Hit]:
     return Hit(ctx, plan, (sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1)), dst)
 
 
-def remember(ctx: Context, algorithm: str, op, algo: Algorithm, kernel: Callable,
-             dst: np.ndarray, facts: Facts) -> None:
-    """Keep what a successful full-path call of this shape resolved to."""
+def remember(ctx: Context, algorithm: str, op, timeout, algo: Algorithm, kernel: Callable,
+             dst: np.ndarray, facts: Facts, call) -> None:
+    """Keep what a full-path call of this shape resolved to (``call``: its _watch.Call)."""
     key = _op_key(op)
     if key is None:
+        return
+    try:
+        hash(timeout)
+    except TypeError:
         return
     memo = ctx.peek(_MEMO)
     if memo is None or len(memo) >= _LIMIT:
         memo = ctx.put(_MEMO, {})
     template = fact_values(ctx.rank, None, facts)
     auto = ctx.peek(_auto.KEY) if algorithm == "auto" else None
-    memo[(algorithm, key, dst.dtype, dst.size)] = Plan(
-        algo, kernel, template, template.tobytes(), facts, auto)
+    memo[(algorithm, key, dst.dtype, dst.size, timeout)] = Plan(
+        algo, kernel, template, template.tobytes(), facts, auto, call.settings,
+        call.fingerprint, call.fingerprint_words, _settings.epoch)

@@ -1,30 +1,61 @@
-"""Shared memory among the ranks of one node: barriers, slots, a MAX board, node steps.
+"""Shared memory among the ranks of one node: segments, a barrier, a MAX board, node steps.
 
 The primitives the shared-memory algorithms ("shm", "hierarchical") and the
-agreement step are built from.  Everything here works on a communicator
-whose ranks share memory (``Split_type(COMM_TYPE_SHARED)``); all
-constructors are collective over it.
+agreement step are built from.
 
-* :class:`FlagBarrier`: a barrier through counters in a shared window.
-* :class:`SharedSlots`: one slot per rank in a shared window that grows on
+* :class:`Segment`: memory mapped by every rank of a node.  It is an
+  anonymous ``memfd`` that the other ranks open through ``/proc/<pid>/fd``
+  (nothing is ever named in ``/dev/shm``), or, where that is not possible, a
+  POSIX shared-memory object that is unlinked as soon as every rank has it
+  mapped.  Either way nothing is left behind when the processes end, and no
+  MPI window is used: MPI implementations limit their number and some crash
+  beyond it, while a mapping costs one entry in the process's memory map.
+* :class:`NodeGroup`: the ranks of a communicator that share memory, with a
+  small control segment holding a counter per rank (the barrier), a header
+  per rank (what this rank is doing: call number and fingerprint, buffer
+  addresses and sizes), a mailbox and the agreement board.
+* :class:`SharedSlots`: one slot per rank in a data segment that grows on
   demand, with two alternating regions for small messages.
-* :class:`SharedMax`: element-wise MAX of a small int64 vector over the
-  node's ranks (the agreement step's reduction).
 * The node steps of a sliced reduction: :func:`copy_in`,
   :func:`reduce_own_slice`, :func:`copy_out`, :func:`reduce_block`.
+
+Barrier targets are derived from the call number and the step within the
+call, so a rank that is in another call, or skipped a step, can never pass a
+barrier paired with the wrong step of the others; headers carry the call's
+fingerprint, and every rank compares all headers after the first barrier of
+a call, so ranks that disagree on the arguments raise instead of reading
+each other's data (which is what makes the shared-memory paths safe with the
+agreement step off).
 """
 
+import mmap
 import os
+import pickle
+import secrets
 
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["FlagBarrier", "SharedSlots", "SharedMax", "node_comm", "reduce_block", "copy_in",
-           "reduce_own_slice", "copy_out", "BLOCK_BYTES", "DOUBLE_LIMIT"]
+from . import _watch
+from ._context import Key
+from ._atomics import fence
+from ._errors import CollectiveMismatch
+
+__all__ = ["Segment", "NodeGroup", "whole_node", "FlagBarrier", "SharedSlots", "SharedMax", "node_comm",
+           "reduce_block", "copy_in", "reduce_own_slice", "copy_out", "BLOCK_BYTES",
+           "DOUBLE_LIMIT"]
 
 BLOCK_BYTES = 128 << 10      # reduction block: N inputs + output stay in a 2 MB L2
 DOUBLE_LIMIT = 1 << 20       # up to this, alternate two regions (no trailing sync)
 _ALIGN = 4096
+
+# Control segment layout, in int64 words.
+_FLAG_WORDS = 8              # one 64-byte cache line per rank's counter
+FP_WORDS = 16                # a header: call number, fingerprint (9 words), padding
+_CMA_WORDS = 8               # per rank: pid, src address, dst address, nbytes
+_OK_WORDS = 8                # per rank: "I mapped the new segment"
+_MAIL_WORDS = 64             # rank 0's mailbox (pickled, for segment exchange)
+_BOARD_WIDTH = 16            # int64 per agreement row
 
 
 def node_comm(comm):
@@ -41,7 +72,7 @@ def node_comm(comm):
 
 
 def _round_capacity(nbytes):
-    """Window bytes per rank for a need of ``nbytes`` (grows geometrically up to 64 MB)."""
+    """Slot bytes for a need of ``nbytes`` (grows geometrically up to 64 MB)."""
     nbytes = max(nbytes, _ALIGN)
     if nbytes <= 64 << 20:
         return 1 << (nbytes - 1).bit_length()
@@ -49,154 +80,391 @@ def _round_capacity(nbytes):
     return -(-nbytes // step) * step
 
 
-class FlagBarrier:
-    """A barrier through shared memory for the ranks of a node-local communicator.
+# --- segments ---------------------------------------------------------------------------
 
-    The MPI-3 pattern of synchronising with ``Win_sync`` plus a flag: every
-    rank has a counter in its own cache line of a shared window; ``sync``
-    issues ``Win.Sync`` (a memory barrier: this rank's earlier stores are
-    visible before the counter moves), raises its counter, waits until every
-    other counter has reached the same value, and issues ``Win.Sync`` again
-    (later loads happen after).  A few cache-line transfers instead of an
-    MPI_Barrier's messages, which is most of a small allreduce.  Waiting
-    ranks yield the core after a short spin, so oversubscribed ranks (more
-    ranks than cores) let the rank they wait for run.
+def _open_proc_fd(pid, fd):
+    f = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR)
+    try:
+        return f
+    except BaseException:
+        os.close(f)
+        raise
 
-    A waiting rank also calls into MPI now and then (``Iprobe``, which
-    matches nothing we would take): a rank that has finished an algorithm
-    on point-to-point messages may still owe its partner the last step of a
-    transfer (MPICH completes a large send only when the receiver's progress
-    engine acknowledges it), and a rank spinning here without entering MPI
-    would leave that partner waiting for ever while the partner is what
-    this rank waits for.  Collective to create.
+
+class Segment:
+    """``nbytes`` of memory mapped by every rank of a node (see the module docstring).
+
+    Build it with :meth:`share`, collectively; free it by dropping every
+    reference (the mapping goes when the last view of it goes).
     """
 
-    def __init__(self, comm):
-        self.comm = comm.Dup()  # for Iprobe: nothing is ever sent on it
-        self.rank, self.size = comm.Get_rank(), comm.Get_size()
-        self.win = MPI.Win.Allocate_shared(64, 1, comm=comm)
-        self.win.Lock_all(MPI.MODE_NOCHECK)
-        flags = [np.frombuffer(self.win.Shared_query(q)[0], np.int64, 1)
-                 for q in range(self.size)]
-        flags[self.rank][0] = 0
-        self._flag = flags[self.rank]
-        self._others = [f for q, f in enumerate(flags) if q != self.rank]
-        self._seq = 0
-        comm.Barrier()  # every flag is zeroed before anyone waits on it
+    __slots__ = ("mm", "nbytes")
 
-    def sync(self):
-        win = self.win
-        win.Sync()
-        self._seq = seq = self._seq + 1
-        self._flag[0] = seq
-        spins = 0
+    def __init__(self, mm, nbytes):
+        self.mm, self.nbytes = mm, nbytes
+
+    def words(self):
+        """The whole segment as int64 words."""
+        return np.frombuffer(self.mm, np.int64, self.nbytes // 8)
+
+    def bytes(self):
+        return np.frombuffer(self.mm, np.uint8, self.nbytes)
+
+    @classmethod
+    def share(cls, nbytes, rank, bcast, all_ok):
+        """Create on rank 0, map on every rank; collective through the two callables.
+
+        Args:
+            nbytes: size of the segment.
+            rank: this rank among the node's ranks (0 creates).
+            bcast: ``bcast(value)`` -> rank 0's value on every rank.
+            all_ok: ``all_ok(flag)`` -> True on every rank iff every flag was True.
+
+        Raises:
+            OSError: the ranks cannot share memory (the same on every rank).
+        """
+        nbytes = -(-max(nbytes, 8) // mmap.PAGESIZE) * mmap.PAGESIZE
+        mm = None
+        fd, info = None, None
+        if rank == 0 and hasattr(os, "memfd_create"):
+            try:
+                fd = os.memfd_create("pycollective", getattr(os, "MFD_CLOEXEC", 0))
+                os.ftruncate(fd, nbytes)
+                mm = mmap.mmap(fd, nbytes)
+                info = (os.getpid(), fd)
+            except OSError:
+                info = None
+        info = bcast(info)
+        if info is not None and rank != 0:
+            try:
+                f = _open_proc_fd(*info)
+                try:
+                    mm = mmap.mmap(f, nbytes)
+                finally:
+                    os.close(f)
+            except OSError:
+                mm = None
+        ok = all_ok(mm is not None)
+        if fd is not None:
+            os.close(fd)  # every rank holds its own mapping now (or none)
+        if ok:
+            return cls(mm, nbytes)
+        mm = None
+        return cls._share_by_name(nbytes, rank, bcast, all_ok)
+
+    @classmethod
+    def _share_by_name(cls, nbytes, rank, bcast, all_ok):
+        import _posixshmem  # CPython's shm_open/shm_unlink (what multiprocessing uses)
+        mm, name = None, None
+        flags = os.O_RDWR
+        if rank == 0:
+            name = f"/pycollective-{os.getpid()}-{secrets.token_hex(6)}"
+            try:
+                fd = _posixshmem.shm_open(name, flags | os.O_CREAT | os.O_EXCL, mode=0o600)
+                try:
+                    os.ftruncate(fd, nbytes)
+                    mm = mmap.mmap(fd, nbytes)
+                finally:
+                    os.close(fd)
+            except OSError:
+                name = None
+        name = bcast(name)
+        if name is not None and rank != 0:
+            try:
+                fd = _posixshmem.shm_open(name, flags, mode=0o600)
+                try:
+                    mm = mmap.mmap(fd, nbytes)
+                finally:
+                    os.close(fd)
+            except OSError:
+                mm = None
+        ok = all_ok(mm is not None)
+        if rank == 0 and name is not None:
+            _posixshmem.shm_unlink(name)  # mapped everywhere (or failed): no name left behind
+        if not ok:
+            raise OSError("the ranks of this node cannot share memory (neither memfd through "
+                          "/proc nor POSIX shared memory worked)")
+        return cls(mm, nbytes)
+
+
+# --- a barrier through counters -----------------------------------------------------------
+
+class FlagBarrier:
+    """A barrier through counters in shared memory, one cache line per rank.
+
+    ``sync(target)`` stores this rank's data (a full fence first), raises its
+    counter to ``target``, waits until every other counter has reached it,
+    and fences again before the caller loads what the others stored.  A few
+    cache-line transfers instead of an MPI_Barrier's messages, which is most
+    of a small allreduce.  Targets only grow.  Without a target the barrier
+    counts its own syncs.
+
+    Waiting ranks yield the core after a short spin (ranks often outnumber
+    cores), watch the clock and the side channel (:class:`_watch.Waiter`:
+    a stalled peer raises a timeout naming it), and call into MPI now and
+    then (``Iprobe`` on ``progress``, which matches nothing we would take): a
+    rank that has finished an algorithm on point-to-point messages may still
+    owe its partner the last step of a transfer (MPICH completes a large
+    send only when the receiver's progress engine acknowledges it), and a
+    rank spinning here without entering MPI would leave that partner
+    waiting for ever while the partner is what this rank waits for.
+
+    Args:
+        flags: int64 array with ``size * 8`` words in shared memory (zeroed).
+        rank, size: this rank and the number of ranks.
+        progress: an MPI communicator to ``Iprobe`` on (or None).
+    """
+
+    def __init__(self, flags, rank, size, progress=None):
+        self.rank, self.size, self.progress = rank, size, progress
+        self._flags = [flags[q * _FLAG_WORDS:q * _FLAG_WORDS + 1] for q in range(size)]
+        self._flag = self._flags[rank]
+        self._others = [f for q, f in enumerate(self._flags) if q != rank]
+        self._seq = 0
+
+    def sync(self, target=None):
+        if target is None:
+            target = self._seq = self._seq + 1
+        fence()
+        self._flag[0] = target
+        spins, waiter = 0, None
         for flag in self._others:
-            while flag[0] < seq:
+            while flag[0] < target:
                 spins += 1
                 if spins & 15 == 0:
-                    self.comm.Iprobe()  # MPI progress for sends still in flight
+                    if self.progress is not None:
+                        self.progress.Iprobe()  # MPI progress for sends still in flight
                     if spins > 64:
-                        os.sched_yield()
-        win.Sync()
+                        if waiter is None:
+                            waiter = _watch.Waiter("the other ranks of this node")
+                        waiter.pause()
+        fence()
 
-    def free(self):
-        if self.win is not None:
-            self.win.Unlock_all()
-            self.win.Free()
-            self.win = None
-            self.comm.Free()
+    def late(self, target):
+        """Ranks whose counter is below ``target`` (for messages)."""
+        return [q for q, f in enumerate(self._flags) if f[0] < target]
 
 
-class SharedMax:
-    """Element-wise MAX over the ranks of a node of a small int64 vector, through shared memory.
+# --- the ranks of a node --------------------------------------------------------------------
 
-    What the agreement step of every pycollective call needs (see
-    ``_agree``), without an MPI collective: each rank writes its vector
-    into its row of a shared board, one :class:`FlagBarrier` sync, each rank
-    reads all rows.  Two boards are used alternately, so the next call can
-    write while a slow rank still reads the last one (it cannot reach the
-    board of call k+2 before every rank has entered call k+1's sync).  When
-    all rows are equal, which is the case of agreeing ranks, the maximum is
-    any row, found by one byte comparison.
+class NodeGroup:
+    """The ranks of a node-local communicator, and their control segment.
+
+    Collective over ``comm`` (whose ranks must share memory) to create; the
+    communicator is not kept: later collective steps of the group (growing a
+    data segment) go through the barrier and the mailbox.
+
+    Args:
+        comm: a communicator whose ranks share memory.
+        progress: the communicator the barrier keeps MPI progress on.
     """
 
-    WIDTH = 16  # int64 per row: one 128-byte line pair, room for the facts
-
-    def __init__(self, comm):
+    def __init__(self, comm, progress):
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
-        self.barrier = FlagBarrier(comm)
-        nbytes = 2 * self.size * self.WIDTH * 8
-        self.win = MPI.Win.Allocate_shared(nbytes if self.rank == 0 else 0, 1, comm=comm)
-        self.win.Lock_all(MPI.MODE_NOCHECK)
-        board = np.frombuffer(self.win.Shared_query(0)[0], np.int64, nbytes // 8)
-        self.boards = board.reshape(2, self.size, self.WIDTH)
+        n = self.size
+        parts = [("flags", n * _FLAG_WORDS), ("headers", 2 * n * FP_WORDS),
+                 ("cma", n * _CMA_WORDS), ("ok", n * _OK_WORDS), ("mailbox", _MAIL_WORDS),
+                 ("boards", 2 * n * _BOARD_WIDTH)]
+        _watch.arrive(comm, "a shared-memory setup")
+        self.control = Segment.share(
+            8 * sum(size for _, size in parts), self.rank, lambda v: comm.bcast(v, root=0),
+            lambda ok: comm.allreduce(bool(ok), op=MPI.LAND))
+        w, at, view = self.control.words(), 0, {}
+        for name, size in parts:
+            view[name], at = w[at:at + size], at + size
+        # Two sets of headers, used by alternate publishing calls: a rank can
+        # publish its next header before a slower rank has checked the last
+        # ones, but not two (it waits for that rank in the next call's sync).
+        self.headers = view["headers"].reshape(2, n, FP_WORDS)
+        self.cma = view["cma"].reshape(n, _CMA_WORDS)
+        self.ok = view["ok"].reshape(n, _OK_WORDS)
+        self.mailbox = view["mailbox"]
+        self.boards = view["boards"].reshape(2, n, _BOARD_WIDTH)
+        self.barrier = FlagBarrier(view["flags"], self.rank, n, progress)
+        self._number, self._step, self._published = -1, 0, 0
+        self._unchecked = None  # this call's headers, until a sync checks them
+        comm.Barrier()  # every counter is zero before anyone waits on it
+
+    # -- steps: every call's first sync publishes and checks the headers -------------------
+
+    def sync(self, check=True):
+        """All ranks of the node meet; stores before are visible to loads after.
+
+        The first sync of each call also publishes this rank's header (the
+        call's number and fingerprint) before it, and the first sync with
+        ``check`` compares every rank's header after it (:meth:`check`):
+        ranks that disagree raise before anyone reads the others' data.  The
+        agreement step syncs without ``check``: it has its own verdict, which
+        names a rank's bad argument instead of the difference it makes.
+        """
+        call = _watch.current()
+        number = call.number if call is not None else 0
+        if number != self._number:
+            self._number, self._step = number, 0
+            self._unchecked = self.publish(call) if call is not None else None
+        self._step += 1
+        self.barrier.sync((number << 24) + self._step)
+        if check and self._unchecked is not None:
+            rows, self._unchecked = self._unchecked, None
+            self.check(call, rows)
+
+    def publish(self, call):
+        """Write ``call``'s number and fingerprint into this rank's header; return the set."""
+        rows = self.headers[self._published & 1]
+        self._published += 1
+        mine = rows[self.rank]
+        mine[0] = call.number
+        mine[1:1 + len(call.fingerprint_words)] = call.fingerprint_words
+        return rows
+
+    def check(self, call, rows):
+        """Raise :class:`~pycollective.CollectiveMismatch` if any rank's header differs.
+
+        Called after a sync that followed every rank's :meth:`publish`.
+        Every rank reads the same headers, so every rank raises.
+        """
+        if rows.tobytes() == rows[self.rank].tobytes() * self.size:
+            return
+
+        def what(row):
+            return (f"call #{int(row[0])}: "
+                    f"{_watch.describe(tuple(int(v) for v in row[1:1 + len(_watch.FIELDS)]))}")
+        mine = rows[self.rank]
+        odd = [q for q in range(self.size) if not np.array_equal(rows[q], mine)]
+        exc = CollectiveMismatch(
+            f"{call.title()}: the ranks sharing this node disagree: node rank {self.rank} is in "
+            f"{what(mine)}; " + "; ".join(f"node rank {q} is in {what(rows[q])}" for q in odd),
+            collective=call.what, call=call.number, comm=call.ctx.label, ranks=tuple(odd))
+        raise _watch.fail(call, exc)
+
+    # -- collective steps through the mailbox ------------------------------------------------
+
+    def _bcast(self, value):
+        if self.rank == 0:
+            data = pickle.dumps(value)
+            if len(data) > (_MAIL_WORDS - 1) * 8:
+                raise ValueError("mailbox message too long")
+            self.mailbox[0] = len(data)
+            self.mailbox[1:].view(np.uint8)[:len(data)] = np.frombuffer(data, np.uint8)
+        self.sync()
+        n = int(self.mailbox[0])
+        value = pickle.loads(self.mailbox[1:].view(np.uint8)[:n].tobytes())
+        self.sync()  # nobody writes the mailbox again before everyone read it
+        return value
+
+    def all_ok(self, ok):
+        """True on every rank iff ``ok`` on every rank (collective over the group)."""
+        self.ok[self.rank, 0] = 1 if ok else 0
+        self.sync()
+        result = bool(np.all(self.ok[:, 0] == 1))
+        self.sync()  # nobody writes its flag again before everyone read them all
+        return result
+
+    def new_segment(self, nbytes):
+        """A data segment shared by the group (collective over the group)."""
+        return Segment.share(nbytes, self.rank, self._bcast, self.all_ok)
+
+
+_WHOLE = Key("shmem.whole_node")
+
+
+def whole_node(ctx):
+    """The :class:`NodeGroup` of all of ``ctx``'s ranks, or None if they span nodes.
+
+    Cached in the context and shared by the agreement board and the
+    shared-memory algorithm (their syncs follow one sequence).  Collective
+    on first use; the same answer on every rank.
+    """
+    group = ctx.cached(_WHOLE, _build_whole)
+    return None if group is _NOT_ONE_NODE else group
+
+
+def _build_whole(ctx):
+    _watch.arrive(ctx.comm, "its first shared-memory use")
+    node, whole = node_comm(ctx.comm)
+    try:
+        return NodeGroup(node, ctx.comm) if whole else _NOT_ONE_NODE
+    finally:
+        node.Free()
+
+
+class _NotOneNode:
+    """Cached marker: the communicator spans nodes."""
+
+
+_NOT_ONE_NODE = _NotOneNode()
+
+
+# --- the agreement board ---------------------------------------------------------------------
+
+class SharedMax:
+    """Element-wise MAX over a node's ranks of a small int64 vector, through shared memory.
+
+    What the agreement step of every pycollective call needs (see
+    ``_agree``), without an MPI collective: each rank writes its vector into
+    its row of the board, one sync, each rank reads all rows.  Two boards are
+    used alternately, so the next call can write while a slow rank still
+    reads the last one (it cannot reach the board of call k+2 before every
+    rank has entered call k+1's sync).  When all rows are equal, which is
+    the case of agreeing ranks, the maximum is any row, found by one byte
+    comparison.
+    """
+
+    WIDTH = _BOARD_WIDTH
+
+    def __init__(self, group):
+        self.group = group
         self.parity = 0
 
     def max(self, values):
         """Replace ``values`` (at most WIDTH int64) by its element-wise max over the ranks."""
-        board = self.boards[self.parity]
+        group = self.group
+        board = group.boards[self.parity]
         self.parity ^= 1
         k = values.size
-        mine = board[self.rank]
+        mine = board[group.rank]
         mine[:k] = values
         mine[k:] = 0
-        self.win.Sync()
-        self.barrier.sync()
-        self.win.Sync()
+        group.sync(check=False)
         rows = board[:, :k]
-        if rows.tobytes() != values.tobytes() * self.size:
+        if rows.tobytes() != values.tobytes() * group.size:
             np.max(rows, axis=0, out=values)
 
-    def free(self):
-        self.barrier.free()
-        if self.win is not None:
-            self.win.Unlock_all()
-            self.win.Free()
-            self.win = None
 
-    @classmethod
-    def on(cls, comm):
-        """A :class:`SharedMax` on ``comm`` if all its ranks share memory, else None (collective)."""
-        node, whole = node_comm(comm)
-        try:
-            return cls(node) if whole else None
-        finally:
-            node.Free()
-
+# --- slots for data ---------------------------------------------------------------------------
 
 class SharedSlots:
-    """A shared window with one slot per rank of a node-local communicator.
+    """One slot per rank of a :class:`NodeGroup` in a data segment that grows on demand.
 
-    ``comm`` must be a communicator whose ranks share memory; this object
-    owns it and frees it in :meth:`free`.  All methods are collective over
-    ``comm`` when they allocate or sync.
+    All methods are collective over the group when they allocate or sync.
     """
 
-    def __init__(self, comm):
-        self.comm = comm
-        self.rank = comm.Get_rank()
-        self.size = comm.Get_size()
-        self.win = None
+    def __init__(self, group):
+        self.group = group
+        self.rank, self.size = group.rank, group.size
+        self.segment = None
         self.capacity = 0
         self.raw = []          # uint8 view of every rank's whole slot
         self.views = {}        # (offset, nbytes, dtype) -> tuple of typed slot views
         self.parity = 0
         self.dirty = False     # True while a rank may still read the last region
-        self.barrier = FlagBarrier(comm)
 
     def ensure(self, nbytes):
         """Make every slot hold at least ``nbytes`` (collective when it grows)."""
         if nbytes <= self.capacity:
             return
         capacity = _round_capacity(nbytes)
-        self._release()
-        win = MPI.Win.Allocate_shared(capacity, 1, comm=self.comm)
-        win.Lock_all(MPI.MODE_NOCHECK)  # one passive epoch for the window's life
-        raw = []
-        for q in range(self.size):
-            buf, _ = win.Shared_query(q)
-            raw.append(np.frombuffer(buf, np.uint8, capacity))
-        self.win, self.capacity, self.raw = win, capacity, raw
+        # Growing is collective: this sync (the call's first, so it checks
+        # that every rank wants the same size) also makes sure no rank still
+        # reads the old slots (small path, no trailing sync).
+        self.group.sync()
+        self.views.clear()
+        self.raw = []
+        self.segment = None
+        self.segment = self.group.new_segment(capacity * self.size)
+        data = self.segment.bytes()
+        self.raw = [data[q * capacity:(q + 1) * capacity] for q in range(self.size)]
+        self.capacity, self.parity, self.dirty = capacity, 0, False
 
     def slots(self, offset, nbytes, dtype):
         """Typed views of ``nbytes`` at ``offset`` in every rank's slot (cached)."""
@@ -210,16 +478,7 @@ class SharedSlots:
         return views
 
     def sync(self):
-        """Make every rank's stores to the window visible to all, then continue together.
-
-        ``Win.Sync`` on the slots around a :class:`FlagBarrier` sync.
-        """
-        win = self.win
-        if win is not None:
-            win.Sync()
-        self.barrier.sync()
-        if win is not None:
-            win.Sync()
+        self.group.sync()
 
     def begin(self, nbytes):
         """Prepare a call on ``nbytes`` per slot; return (byte offset, needs trailing sync).
@@ -228,7 +487,8 @@ class SharedSlots:
         slot and leave without a trailing sync ("dirty": a slow rank may still
         read the last region).  A larger message uses the whole slot from
         offset 0, which overlaps both halves, so a dirty window is synced
-        first.  Collective; every decision depends only on ``nbytes``.
+        first.  Collective; every decision depends only on ``nbytes``, which
+        the header check of the call makes sure is the same everywhere.
         """
         if nbytes <= DOUBLE_LIMIT:
             self.ensure(2 * nbytes)
@@ -242,26 +502,10 @@ class SharedSlots:
             self.dirty = False
         return 0, True
 
-    def _release(self):
-        if self.win is not None:
-            # Another rank may still be reading our slot (small path, no
-            # trailing sync): wait for everyone before the memory goes.
-            self.comm.Barrier()
-            self.win.Unlock_all()
-            self.win.Free()
-            self.win, self.capacity, self.raw = None, 0, []
-            self.views.clear()
-            self.parity = 0
-            self.dirty = False
-
     def free(self):
-        self._release()
-        if self.barrier is not None:
-            self.barrier.free()
-            self.barrier = None
-        if self.comm != MPI.COMM_NULL:
-            self.comm.Free()
-            self.comm = MPI.COMM_NULL
+        self.views.clear()
+        self.raw = []
+        self.segment = None
 
 
 def _operands(src, slots, rank, lo, hi):

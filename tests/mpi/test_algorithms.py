@@ -140,14 +140,14 @@ def _window_plan(layouts):
         for step, (dtype, count) in enumerate(plan):
             op = OPS[step % 4] if count < 100_000 else "sum"
             before = get_context(comm).peek(shm._STATE)
-            win_before = before.node.win if before is not None else None
+            win_before = before.node.segment if before is not None else None
             _check(comm, "shm", dtype, op, count, failures, f"{label} step {step}")
             node = get_context(comm).peek(shm._STATE).node
             nbytes = count * np.dtype(dtype).itemsize
             need = 2 * nbytes if nbytes <= (1 << 20) else nbytes
             assert node.capacity >= need and node.capacity >= capacity
             if need <= capacity:
-                assert node.win is win_before, f"{label} step {step}: window reallocated"
+                assert node.segment is win_before, f"{label} step {step}: segment reallocated"
             capacity = node.capacity
     assert not failures, f"{len(failures)} failures: " + "; ".join(failures[:5])
 

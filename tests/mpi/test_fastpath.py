@@ -22,7 +22,7 @@ def test_repeated_call_fast_path_keeps_every_check(algorithm):
                             "sum", "float64")
     out = np.empty_like(x)
     pycollective.allreduce(x, out, "sum", comm=comm, algorithm=algorithm)
-    assert _fastpath.lookup(x, out, "sum", comm, algorithm) is not None
+    assert _fastpath.lookup(x, out, "sum", comm, algorithm, pycollective._collectives.DEFAULT) is not None
     for in_place in (False, True, False):  # the cached path, both ways
         if in_place:
             out = x.copy()

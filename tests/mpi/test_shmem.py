@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from pycollective._shmem import FlagBarrier
+from pycollective._shmem import NodeGroup
 
 
 @pytest.mark.mpi(min_size=2)
@@ -22,7 +22,7 @@ def test_shared_memory_sync_keeps_mpi_progress():
     r = world.Get_rank()
     comm = world.Split(0 if r < 2 else 1, r)
     p2p = comm.Dup()
-    barrier = FlagBarrier(comm)
+    barrier = NodeGroup(comm, progress=p2p).barrier
     try:
         if r < 2:
             buf = np.zeros(4, np.int64)
@@ -37,6 +37,5 @@ def test_shared_memory_sync_keeps_mpi_progress():
         else:
             barrier.sync()
     finally:
-        barrier.free()
         p2p.Free()
         comm.Free()

@@ -1,9 +1,21 @@
-"""Small point-to-point helpers shared by the algorithm modules.
+"""Point-to-point helpers shared by the algorithm modules: tags, bounded waits, checked sizes.
 
 Tags: every algorithm declares the tags its messages use when it registers
 (:func:`pycollective._registry.register` refuses a tag already taken; the
 fold/unfold below reserve theirs here), so even a bug in one algorithm
-cannot make its messages match another's.
+cannot make its messages match another's.  Each call adds an offset to
+those tags that encodes its collective, dtype, op and algorithm
+(:func:`pycollective._watch.tag_offset`): ranks that disagree on them send
+messages that can never match, so they stall and the side channel names who
+called what, instead of reducing each other's bytes.
+
+Waits: every wait is bounded and watches the side channel
+(:func:`pycollective._watch.waitall`).
+
+Sizes: a receive is checked to bring exactly the bytes it was posted for.
+MPI accepts a shorter message into a larger buffer without complaint, so
+ranks that disagree on the count would otherwise leave stale bytes in the
+result; here they raise, and the side channel tells the others.
 
 Data always travel as raw bytes (``MPI.BYTE``): the reduction happens in our
 own kernels, so the MPI library never needs to know the element type, and
@@ -12,6 +24,8 @@ dtypes it has no datatype for (float16) move like any other.
 
 from mpi4py import MPI
 
+from .. import _watch
+from .._errors import CollectiveMismatch
 from .._registry import reserve_tags
 
 BYTE = MPI.BYTE
@@ -22,8 +36,75 @@ def msg(arr):
     return [arr, BYTE]
 
 
-def sendrecv(comm, sbuf, dest, rbuf, source, tag):
-    comm.Sendrecv(msg(sbuf), dest, tag, msg(rbuf), source, tag)
+def tag(base):
+    """The tag this call's messages with the algorithm's tag ``base`` carry."""
+    call = _watch.current()
+    return base + (call.tag_offset if call is not None else 0)
+
+
+def _short(status, nbytes, source):
+    got = status.Get_count(BYTE)
+    if got == nbytes:
+        return None
+    return (f"a message from rank {source} brought {got} bytes where {nbytes} were expected: "
+            "the ranks disagree on the count or the dtype")
+
+
+def _mismatch(text):
+    call = _watch.current()
+    if call is None:
+        return CollectiveMismatch(text)
+    return CollectiveMismatch(f"{call.title()}: {text} (seen on rank {call.ctx.rank})",
+                              collective=call.what, call=call.number, comm=call.ctx.label)
+
+
+def wait(requests, receives=()):
+    """Wait (bounded) for ``requests``; check the sizes of the receives among them.
+
+    Args:
+        requests: MPI requests, the receives first.
+        receives: ``(nbytes, source)`` of each receive, in order.
+
+    Raises:
+        CollectiveMismatch: a receive brought another number of bytes.
+    """
+    statuses = [MPI.Status() for _ in requests] if receives else None
+    _watch.waitall(requests, statuses, waiting_for=_what(receives))
+    for status, (nbytes, source) in zip(statuses or (), receives):
+        problem = _short(status, nbytes, source)
+        if problem:
+            raise _mismatch(problem)
+
+
+def _what(receives):
+    sources = sorted({s for _, s in receives})
+    return (f"messages from rank{'s' if len(sources) > 1 else ''} "
+            f"{', '.join(map(str, sources))}") if sources else "sends to complete"
+
+
+def irecv(comm, buf, source, base):
+    """``(request, (nbytes, source))`` of a receive of ``buf`` as bytes."""
+    return comm.Irecv(msg(buf), source, tag(base)), (buf.nbytes, source)
+
+
+def isend(comm, buf, dest, base):
+    return comm.Isend(msg(buf), dest, tag(base))
+
+
+def sendrecv(comm, sbuf, dest, rbuf, source, base):
+    """Send ``sbuf`` to ``dest`` while receiving exactly ``rbuf.nbytes`` from ``source``."""
+    t = tag(base)
+    requests = [comm.Irecv(msg(rbuf), source, t), comm.Isend(msg(sbuf), dest, t)]
+    wait(requests, [(rbuf.nbytes, source)])
+
+
+def send(comm, buf, dest, base):
+    wait([comm.Isend(msg(buf), dest, tag(base))])
+
+
+def recv(comm, buf, source, base):
+    """Receive exactly ``buf.nbytes`` from ``source``."""
+    wait([comm.Irecv(msg(buf), source, tag(base))], [(buf.nbytes, source)])
 
 
 TAG_FOLD, TAG_UNFOLD = reserve_tags("fold/unfold (algorithms/_p2p.py)", (91, 92))
@@ -42,12 +123,12 @@ def fold_in(ctx, src, dst, kernel, slot):
     comm, n, r = ctx.comm, ctx.size, ctx.rank
     p = 1 << (n.bit_length() - 1)
     if r >= p:
-        comm.Send(msg(src), r - p, TAG_FOLD)
-        comm.Recv(msg(dst), r - p, TAG_UNFOLD)
+        send(comm, src, r - p, TAG_FOLD)
+        recv(comm, dst, r - p, TAG_UNFOLD)
         return p, None
     if r < n - p:
         tmp = ctx.scratch(slot, dst.size, dst.dtype)
-        comm.Recv(msg(tmp), r + p, TAG_FOLD)
+        recv(comm, tmp, r + p, TAG_FOLD)
         kernel(src, tmp, dst)
         return p, dst
     return p, src
@@ -56,4 +137,4 @@ def fold_in(ctx, src, dst, kernel, slot):
 def unfold_out(ctx, dst, p):
     """Send the finished ``dst`` back to the rank folded into this one, if any."""
     if ctx.rank < ctx.size - p:
-        ctx.comm.Send(msg(dst), ctx.rank + p, TAG_UNFOLD)
+        send(ctx.comm, dst, ctx.rank + p, TAG_UNFOLD)

@@ -8,10 +8,8 @@ it into its own; those ``extra`` ranks then wait for the result.
 Exchange, steps k = 0 .. log2(p)-1: rank r (< p) swaps its whole partial
 vector with ``r XOR 2**k`` and reduces.  After step k each rank holds the
 reduction over its block of ``2**(k+1)`` ranks, so after log2(p) steps every
-one of the p ranks holds the total.  Partners combine the same two operands
-in opposite order; the kernels are commutative bit for bit (IEEE + and *,
-and MAX/MIN that treat NaN and signed zeros symmetrically), so both hold the
-same bits.
+one of the p ranks holds the total.  Partners combine the same two operands,
+the lower rank's first, so both hold the same bits, NaN payloads included.
 
 Unfold: rank ``r < extra`` sends the result to ``r + p``.
 
@@ -36,7 +34,13 @@ def butterfly_allreduce(ctx, src, dst, kernel):
     mask = 1
     while mask < p:
         sendrecv(comm, cur, r ^ mask, tmp, r ^ mask, TAG_XCHG)
-        kernel(cur, tmp, dst)
+        # Both partners combine the lower rank's operand first, so a NaN
+        # meeting a NaN of another payload or sign gives the same bits on
+        # both sides (IEEE + keeps the first operand's NaN on x86).
+        if r & mask:
+            kernel(tmp, cur, dst)
+        else:
+            kernel(cur, tmp, dst)
         cur = dst
         mask <<= 1
     unfold_out(ctx, dst, p)

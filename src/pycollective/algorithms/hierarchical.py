@@ -42,11 +42,12 @@ import math
 import numpy as np
 from mpi4py import MPI
 
-from .. import _env
+from .. import _env, _watch
 from .._context import Context, Key
+from .._errors import ConfigurationError
 from .._partition import chunk_bounds
 from .._registry import get, register
-from .._shmem import SharedSlots, copy_in, reduce_own_slice
+from .._shmem import NodeGroup, SharedSlots, copy_in, reduce_own_slice
 from .ring_pipelined import ring_pipelined_cost
 
 ENV = _env.RANKS_PER_NODE.name
@@ -59,30 +60,31 @@ def _parse_layout(text, size):
     try:
         parts = [int(p) for p in text.replace(" ", "").split(",") if p]
     except ValueError:
-        raise ValueError(f"{ENV}={text!r}: expected an integer or a comma-separated "
+        raise ConfigurationError(f"{ENV}={text!r}: expected an integer or a comma-separated "
                          "list of node sizes") from None
     if not parts or any(p <= 0 for p in parts):
-        raise ValueError(f"{ENV}={text!r}: node sizes must be positive")
+        raise ConfigurationError(f"{ENV}={text!r}: node sizes must be positive")
     if len(parts) == 1:
         k = parts[0]
         return [min(k, size - b) for b in range(0, size, k)]
     if sum(parts) != size:
-        raise ValueError(f"{ENV}={text!r}: node sizes add up to {sum(parts)}, "
+        raise ConfigurationError(f"{ENV}={text!r}: node sizes add up to {sum(parts)}, "
                          f"but the communicator has {size} ranks")
     return parts
 
 
 class _HierState:
-    """Per communicator: node and leader communicators, node window, leader context."""
+    """Per communicator: the node group and its slots, the leaders' context."""
 
     def __init__(self, ctx):
         comm, rank = ctx.comm, ctx.rank
         text = _env.RANKS_PER_NODE.get()
+        _watch.arrive(comm, "its first hierarchical allreduce")
         # The layout must be the same everywhere: compare once, before any
         # rank acts on it, and fail identically if not.
         texts = comm.allgather(text)
         if len(set(texts)) != 1:
-            raise ValueError(f"{ENV} differs across ranks: {sorted(set(texts))}")
+            raise ConfigurationError(f"{ENV} differs across ranks: {sorted(set(texts))}")
         self.node = self.inter = None
         if text:
             sizes = _parse_layout(text, ctx.size)
@@ -96,12 +98,15 @@ class _HierState:
         shared.Free()
         if not comm.allreduce(inside, op=MPI.LAND):
             node.Free()
-            raise ValueError(f"{ENV}={text!r} puts ranks that do not share memory "
+            raise ConfigurationError(f"{ENV}={text!r} puts ranks that do not share memory "
                              "in one node")
         self.leader = node.Get_rank() == 0
         leaders = comm.Split(0 if self.leader else MPI.UNDEFINED, rank)
-        self.node = SharedSlots(node)
-        self.inter = Context(leaders) if self.leader else None
+        try:
+            self.node = SharedSlots(NodeGroup(node, progress=comm))
+        finally:
+            node.Free()  # the group keeps shared memory, not the communicator
+        self.inter = Context(leaders, f"the node leaders of {ctx.label}") if self.leader else None
         self.nodes = self.inter.size if self.inter is not None else None
 
     def free(self):

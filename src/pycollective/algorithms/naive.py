@@ -14,11 +14,10 @@ busy at once.
 """
 
 import numpy as np
-from mpi4py import MPI
 
 from .._context import Key
 from .._registry import register
-from ._p2p import msg
+from ._p2p import irecv, isend, recv, wait
 
 TAG = 141
 _OWN, _RECV0, _RECV1 = Key("naive.own"), Key("naive.recv0"), Key("naive.recv1")
@@ -30,7 +29,7 @@ def naive_allreduce(ctx, src, dst, kernel):
     if src is dst or np.may_share_memory(src, dst):
         own = ctx.scratch(_OWN, src.size, src.dtype)
         own[...] = src
-    sends = [comm.Isend(msg(own), j, TAG) for j in range(n) if j != r]
+    sends = [isend(comm, own, j, TAG) for j in range(n) if j != r]
 
     # Operands in rank order; x0 lands in dst when it comes from another rank.
     bufs = (ctx.scratch(_RECV0, dst.size, dst.dtype), ctx.scratch(_RECV1, dst.size, dst.dtype))
@@ -38,12 +37,12 @@ def naive_allreduce(ctx, src, dst, kernel):
     slot = {j: bufs[i % 2] for i, j in enumerate(later)}
 
     def post(i):
-        return comm.Irecv(msg(slot[later[i]]), later[i], TAG) if i < len(later) else None
+        return irecv(comm, slot[later[i]], later[i], TAG) if i < len(later) else None
 
     if r == 0:
         acc = own
     else:
-        comm.Recv(msg(dst), 0, TAG)
+        recv(comm, dst, 0, TAG)
         acc = dst
     nxt = 0
     req = post(nxt)
@@ -51,14 +50,14 @@ def naive_allreduce(ctx, src, dst, kernel):
         if j == r:
             operand = own
         else:
-            req.Wait()
+            wait([req[0]], [req[1]])
             operand = slot[j]
             nxt += 1
             # The other buffer was consumed by the previous reduction.
             req = post(nxt)
         kernel(acc, operand, dst)
         acc = dst
-    MPI.Request.Waitall(sends)
+    wait(sends)
 
 
 def naive_cost(nranks, count, itemsize, alpha, beta, gamma):

@@ -13,11 +13,9 @@ time grows linearly with N.  Cost: 2(N-1)·(α + M·s·β) + (N-1)·M·s·γ, al
 serialised at the server.
 """
 
-from mpi4py import MPI
-
 from .._context import Key
 from .._registry import register
-from ._p2p import msg
+from ._p2p import irecv, isend, recv, send, wait
 
 TAG_PUSH = 131
 TAG_PULL = 132
@@ -28,19 +26,19 @@ _RECV0, _RECV1 = Key("ps.recv0"), Key("ps.recv1")
 def ps_allreduce(ctx, src, dst, kernel):
     comm, n, r = ctx.comm, ctx.size, ctx.rank
     if r != SERVER:
-        comm.Send(msg(src), SERVER, TAG_PUSH)
-        comm.Recv(msg(dst), SERVER, TAG_PULL)
+        send(comm, src, SERVER, TAG_PUSH)
+        recv(comm, dst, SERVER, TAG_PULL)
         return
     bufs = (ctx.scratch(_RECV0, dst.size, dst.dtype), ctx.scratch(_RECV1, dst.size, dst.dtype))
     cur = src
-    req = comm.Irecv(msg(bufs[0]), 1, TAG_PUSH)
+    req, size = irecv(comm, bufs[0], 1, TAG_PUSH)
     for j in range(1, n):
-        req.Wait()
+        wait([req], [size])
         if j + 1 < n:
-            req = comm.Irecv(msg(bufs[j % 2]), j + 1, TAG_PUSH)
+            req, size = irecv(comm, bufs[j % 2], j + 1, TAG_PUSH)
         kernel(cur, bufs[(j - 1) % 2], dst)
         cur = dst
-    MPI.Request.Waitall([comm.Isend(msg(dst), j, TAG_PULL) for j in range(1, n)])
+    wait([isend(comm, dst, j, TAG_PULL) for j in range(1, n)])
 
 
 def ps_cost(nranks, count, itemsize, alpha, beta, gamma):

@@ -40,20 +40,17 @@ minus the overlap (N-2)·(g-1)/g·c·β that streaming buys over whole-chunk
 steps — a conservative figure; the benchmark has the real ones.
 """
 
-from mpi4py import MPI
-
-from .. import _env
+from .. import _settings, _watch
 from .._context import Key
 from .._partition import chunk_bounds
 from .._registry import register
-from ._p2p import msg
+from ._p2p import irecv, isend, wait
 
 TAG_RS = 161
 TAG_AG = 162
 
 _DEPTH = 4  # receive segments in flight during the reduce-scatter
 # The default, 1 MiB, was the best of 64 KiB..4 MiB at N = 2, 4, 8 (docs/results).
-_segment_override = None  # set_segment_bytes(); None: the environment's value
 _ACC0, _ACC1 = Key("ringp.acc0"), Key("ringp.acc1")
 _POOL = tuple(Key(f"ringp.recv{i}") for i in range(_DEPTH))
 
@@ -71,12 +68,7 @@ def set_segment_bytes(nbytes):
     Raises:
         ValueError: if ``nbytes`` is not a positive integer.
     """
-    global _segment_override
-    nbytes = int(nbytes)
-    if nbytes <= 0:
-        raise ValueError(f"segment size must be positive, got {nbytes}")
-    previous, _segment_override = get_segment_bytes(), nbytes
-    return previous
+    return _settings.set_segment_bytes(nbytes)
 
 
 def get_segment_bytes():
@@ -86,9 +78,13 @@ def get_segment_bytes():
         ValueError: ``PYCOLLECTIVE_SEGMENT_BYTES`` is not a positive integer
             (only when :func:`set_segment_bytes` was not called).
     """
-    if _segment_override is not None:
-        return _segment_override
-    return _env.SEGMENT_BYTES.get()
+    return _settings.segment_bytes()
+
+
+def _call_segment_bytes():
+    """The segment size this call agreed on (every rank must cut the same segments)."""
+    call = _watch.current()
+    return call.settings.segment_bytes if call is not None else get_segment_bytes()
 
 
 def _segments(lo, hi, seg):
@@ -110,20 +106,20 @@ def _reduce_scatter(ctx, src, out, kernel, bounds, seg):
                         for lo, hi in _segments(bounds[t], bounds[t + 1], seg))
 
     first = (r - 1) % n
-    sends = [comm.Isend(msg(src[lo:hi]), right, TAG_RS)
+    sends = [isend(comm, src[lo:hi], right, TAG_RS)
              for lo, hi in _segments(bounds[first], bounds[first + 1], seg)]
     pending = {}  # (acc index, offset in chunk) -> send request reading that segment
     recvs = [None] * len(incoming)
 
     def post(i):
         _, _, lo, hi = incoming[i]
-        recvs[i] = comm.Irecv(msg(pool[i % _DEPTH][:hi - lo]), left, TAG_RS)
+        recvs[i] = irecv(comm, pool[i % _DEPTH][:hi - lo], left, TAG_RS)
 
     for i in range(min(_DEPTH, len(incoming))):
         post(i)
     last = n - 2
     for i, (k, base, lo, hi) in enumerate(incoming):
-        recvs[i].Wait()
+        wait([recvs[i][0]], [recvs[i][1]])
         got = pool[i % _DEPTH][:hi - lo]
         if k == last:
             kernel(src[lo:hi], got, out[lo - base:hi - base])
@@ -131,13 +127,13 @@ def _reduce_scatter(ctx, src, out, kernel, bounds, seg):
             key = (k % 2, lo - base)
             req = pending.pop(key, None)
             if req is not None:
-                req.Wait()  # sent at step k-1 from what step k-2 wrote here
+                wait([req])  # sent at step k-1 from what step k-2 wrote here
             target = acc[k % 2][lo - base:hi - base]
             kernel(src[lo:hi], got, target)
-            pending[key] = comm.Isend(msg(target), right, TAG_RS)
+            pending[key] = isend(comm, target, right, TAG_RS)
         if i + _DEPTH < len(incoming):
             post(i + _DEPTH)  # this pool buffer is free again
-    MPI.Request.Waitall(sends + list(pending.values()))
+    wait(sends + list(pending.values()))
 
 
 def _allgather(ctx, buf, bounds, seg):
@@ -147,20 +143,20 @@ def _allgather(ctx, buf, bounds, seg):
     for k in range(n - 1):
         t = (r - k - 1) % n
         incoming.extend((k, lo, hi) for lo, hi in _segments(bounds[t], bounds[t + 1], seg))
-    recvs = [comm.Irecv(msg(buf[lo:hi]), left, TAG_AG) for _, lo, hi in incoming]
-    sends = [comm.Isend(msg(buf[lo:hi]), right, TAG_AG)
+    recvs = [irecv(comm, buf[lo:hi], left, TAG_AG) for _, lo, hi in incoming]
+    sends = [isend(comm, buf[lo:hi], right, TAG_AG)
              for lo, hi in _segments(bounds[r], bounds[r + 1], seg)]
     last = n - 2
     for i, (k, lo, hi) in enumerate(incoming):
-        recvs[i].Wait()
+        wait([recvs[i][0]], [recvs[i][1]])
         if k != last:
-            sends.append(comm.Isend(msg(buf[lo:hi]), right, TAG_AG))
-    MPI.Request.Waitall(sends)
+            sends.append(isend(comm, buf[lo:hi], right, TAG_AG))
+    wait(sends)
 
 
 def ring_pipelined_allreduce(ctx, src, dst, kernel):
     bounds = chunk_bounds(dst.size, ctx.size)
-    seg = max(1, get_segment_bytes() // dst.itemsize)
+    seg = max(1, _call_segment_bytes() // dst.itemsize)
     mine = slice(bounds[ctx.rank], bounds[ctx.rank + 1])
     # All reduce-scatter sends complete before the allgather writes into dst,
     # which in place is also src.

@@ -7,8 +7,8 @@ every rank then copies the other slices of the result.  No data travel in
 point-to-point messages; there are two ways to reach the others' memory.
 
 Single copy (messages above ``DOUBLE_LIMIT`` = 1 MiB, where the system
-allows it): each rank publishes the addresses of its ``src`` and ``dst`` in
-a small shared window; sync; rank i reads slice i of every other rank's
+allows it): each rank publishes the addresses and size of its ``src`` and
+``dst`` in its header of the node's control segment; sync; rank i reads slice i of every other rank's
 ``src`` with ``process_vm_readv`` (Linux cross-memory attach) into a staging
 block of about ``_CMA_STAGE_BYTES`` in total, still in cache when the kernel
 combines it with its own operand straight into ``dst``; sync; rank i reads
@@ -17,13 +17,12 @@ sync (nobody returns, and lets its ``dst`` change, while others read it).
 Nothing is staged through shared memory and the caller's buffers are read
 where they are.  Whether the system allows it is probed once per
 communicator and agreed by all ranks; ``PYCOLLECTIVE_SHM_CMA=0`` turns it off.
-The window, the flag barrier and the cross-memory reader live in
+The shared segments, the barrier and the cross-memory reader live in
 ``_shmem.py`` and ``_cma.py``; this module is the algorithm.
 
-Shared window (smaller messages, or no cross-memory reads): each rank owns a
-slot of a shared window (``MPI.Win.Allocate_shared`` on
-``Split_type(COMM_TYPE_SHARED)``) big enough for the whole vector; slot q is
-a plain numpy view on every rank.
+Shared slots (smaller messages, or no cross-memory reads): each rank owns a
+slot of a shared segment (:class:`~pycollective._shmem.SharedSlots`) big
+enough for the whole vector; slot q is a plain numpy view on every rank.
 
 1. Copy-in: rank i copies its input *except its own slice* into its slot.  Its
    own slice is only ever read by itself, from its private ``src``.
@@ -48,17 +47,19 @@ Results are bitwise identical on all ranks: each element is computed once
 (sliced paths) or by the same operations on the same bits everywhere (small
 path).
 
-Sync is :class:`FlagBarrier`: ``Win.Sync`` plus counters in shared memory
-(the MPI-3 "synchronise through shared memory" pattern, all windows under a
-``Lock_all`` epoch held for their life), which costs a few cache-line
-transfers instead of an ``MPI_Barrier``; waiting ranks keep MPI progress
-going and yield the core when they spin long.
+Sync is the node group's :class:`~pycollective._shmem.FlagBarrier`: memory
+fences around counters in shared memory, a few cache-line transfers instead
+of an ``MPI_Barrier``; waiting ranks keep MPI progress going, yield the core
+when they spin long and raise a timeout naming a stalled peer.  The first
+sync of every call compares every rank's header (call number, count, dtype,
+op, algorithm), so ranks that disagree raise before any rank reads another's
+data, with or without the agreement step.
 
-Windows are cached in the context (one state per communicator) and only grow:
-allocation is collective, and the decision to grow depends only on the
-message size in bytes, which the agreement step checks is the same on all
-ranks.  A grown window is kept for later calls (a training loop reduces the
-same sizes every step); it is freed with the communicator.
+Slots are cached in the context (one state per communicator) and only grow:
+growing is collective, and the decision depends only on the message size in
+bytes, which the header check makes sure is the same on all ranks.  Grown
+slots are kept for later calls (a training loop reduces the same sizes every
+step); they are freed with the communicator.
 
 If the communicator spans several nodes, "shm" is not usable: its
 registration's ``usable(ctx)`` says why, so the automatic choice and the
@@ -76,14 +77,14 @@ node a transfer *is* a memory copy), and the reduction of f·M·s bytes at γ:
 import math
 
 import numpy as np
-from mpi4py import MPI
 
 from .. import _cma, _env
 from .._context import Key
+from .._errors import ConfigurationError
 from .._partition import chunk_bounds
 from .._registry import register
-from .._shmem import (DOUBLE_LIMIT, SharedSlots, copy_in, copy_out, node_comm, reduce_block,
-                      reduce_own_slice)
+from .._shmem import (DOUBLE_LIMIT, SharedSlots, copy_in, copy_out, reduce_block,
+                      reduce_own_slice, whole_node)
 
 _REPLICATE_BYTES = 4 << 10    # up to this, every rank reduces the whole vector
 _CMA_STAGE_BYTES = 4 << 20    # single-copy path: bytes read from the others per block (measured)
@@ -91,7 +92,12 @@ _STATE = Key("shm")
 
 
 def shm_allreduce_on(node, src, dst, kernel):
-    """The algorithm above on the :class:`SharedSlots` ``node`` (all ranks of the collective)."""
+    """The algorithm above on the :class:`SharedSlots` ``node`` (all ranks of the collective).
+
+    The first sync of the call (inside ``begin`` when the slots grow, else
+    the one after the copy-in) compares every rank's header, so no rank
+    reads the others' slots unless all agree on count, dtype, op and call.
+    """
     nbytes = dst.nbytes
     offset, trailing = node.begin(nbytes)
     slots = node.slots(offset, nbytes, dst.dtype)
@@ -119,10 +125,7 @@ def cma_allreduce_on(cross, src, dst, kernel):
     bounds = chunk_bounds(dst.size, n)
     itemsize = dst.itemsize
     cross.publish(src, dst)
-    cross.sync()
-    headers = cross.headers
-    srcs = [int(headers[q][1]) for q in range(n)]
-    dsts = [int(headers[q][2]) for q in range(n)]
+    cross.group.sync()  # the call's first: every header checked before any read
     lo, hi = bounds[r], bounds[r + 1]
     # Fewer, larger reads cost less pinning per byte; the N-1 staged blocks
     # together stay around _CMA_STAGE_BYTES so they are still in cache.
@@ -148,39 +151,36 @@ def cma_allreduce_on(cross, src, dst, kernel):
             else:
                 part = staged[i][:e - b]
                 i += 1
-                cross.read(q, srcs[q] + b * itemsize, part)
+                cross.read(q, cross.SRC, b * itemsize, part)
                 operands.append(part)
         reduce_block(kernel, operands, dst[b:e])
-    cross.sync()
+    cross.group.sync()
     for q in range(n):
         qlo, qhi = bounds[q], bounds[q + 1]
         if q != r and qhi > qlo:
-            cross.read(q, dsts[q] + qlo * itemsize, dst[qlo:qhi])
-    cross.sync()  # nobody returns (and lets its dst change) while others read it
-
+            cross.read(q, cross.DST, qlo * itemsize, dst[qlo:qhi])
+    cross.group.sync()  # nobody returns (and lets its dst change) while others read it
 
 
 class _ShmState:
-    """Cached per communicator: the node window, or why there can be none."""
+    """Cached per communicator: the node's slots, or why there can be none."""
 
     def __init__(self, ctx):
-        node, whole = node_comm(ctx.comm)
+        group = whole_node(ctx)
         self.node = self.cross = None
-        if not whole:
+        if group is None:
             # Every rank sees its node smaller than the communicator, so every
             # rank takes this branch: the reason is the same everywhere.
-            node.Free()
             self.error = (
                 f"algorithm 'shm' needs all {ctx.size} ranks of the communicator on "
                 "one shared-memory node, but the communicator spans several nodes; "
                 "use algorithm='hierarchical'")
             return
-        self.node = SharedSlots(node)
+        self.node = SharedSlots(group)
         self.error = None
-        wanted = _cma.available() and _env.SHM_CMA.get()
         # Same on all ranks: the wish is agreed, and so is the probe.
-        if ctx.comm.allreduce(wanted, op=MPI.LAND):
-            cross = _cma.CrossMemory(self.node)
+        if group.all_ok(_cma.available() and _env.SHM_CMA.get()):
+            cross = _cma.CrossMemory(group)
             if cross.probe():
                 self.cross = cross
             else:
@@ -211,7 +211,7 @@ def on_one_node(ctx):
 def shm_allreduce(ctx, src, dst, kernel):
     state = _state(ctx)
     if state.error is not None:
-        raise ValueError(state.error)
+        raise ConfigurationError(state.error)
     if state.cross is not None and dst.nbytes > DOUBLE_LIMIT:
         cma_allreduce_on(state.cross, src, dst, kernel)
     else:

@@ -18,7 +18,7 @@ but the whole vector on every step, so it suits small messages.
 
 from .._context import Key
 from .._registry import register
-from ._p2p import msg
+from ._p2p import recv, send
 
 TAG_UP = 111
 TAG_DOWN = 112
@@ -32,12 +32,12 @@ def tree_allreduce(ctx, src, dst, kernel):
     mask = 1
     while mask < n:
         if r & mask:
-            comm.Send(msg(cur), r - mask, TAG_UP)
+            send(comm, cur, r - mask, TAG_UP)
             break
         if r + mask < n:
             if tmp is None:
                 tmp = ctx.scratch(_RECV, dst.size, dst.dtype)
-            comm.Recv(msg(tmp), r + mask, TAG_UP)
+            recv(comm, tmp, r + mask, TAG_UP)
             kernel(cur, tmp, dst)
             cur = dst
         mask <<= 1
@@ -48,11 +48,11 @@ def tree_allreduce(ctx, src, dst, kernel):
             top <<= 1
     else:
         top = r & -r
-        comm.Recv(msg(dst), r - top, TAG_DOWN)
+        recv(comm, dst, r - top, TAG_DOWN)
     mask = top >> 1
     while mask:
         if r + mask < n:
-            comm.Send(msg(dst), r + mask, TAG_DOWN)
+            send(comm, dst, r + mask, TAG_DOWN)
         mask >>= 1
 
 
