@@ -89,47 +89,41 @@ def pieces(session, seconds):
             slots[node.rank][...] = x
             reduce_block(kernel, slots, out)
 
-        steps = [
-            ("native comm.Allreduce", lambda: comm.Allreduce(x, out, op=MPI.SUM), False),
-            ("allreduce(shm), agreement off", whole, False),
-            ("  shm algorithm alone", lambda: shm.shm_allreduce(ctx, x, out, kernel), False),
-            ("  fast-path lookup, out of place",
+        off, on = "allreduce(shm), agreement off", "allreduce(shm), agreement on"
+        steps = [  # (piece, what it is part of, call, agreement step on?)
+            ("native comm.Allreduce", None, lambda: comm.Allreduce(x, out, op=MPI.SUM), False),
+            (off, None, whole, False),
+            ("shm algorithm alone", off, lambda: shm.shm_allreduce(ctx, x, out, kernel), False),
+            ("fast-path lookup, out of place", off,
              lambda: _fastpath.lookup(x, out, MPI.SUM, comm, "shm"), False),
-            ("  fast-path lookup, in place",
+            ("fast-path lookup, in place", off,
              lambda: _fastpath.lookup(MPI.IN_PLACE, out, MPI.SUM, comm, "shm"), False),
-            ("  window region + slot views", region, False),
-            ("  copy-in + kernel", copy_and_reduce, False),
-            ("  flag barrier", node.barrier.sync, False),
-            ("allreduce(shm), agreement on", whole, True),
-            ("  agreement (MAX over ranks)", lambda: _agree.agree_max(ctx, values), True),
+            ("window region + slot views", off, region, False),
+            ("copy-in + kernel", off, copy_and_reduce, False),
+            ("flag barrier", off, node.barrier.sync, False),
+            (on, None, whole, True),
+            ("agreement (MAX over ranks)", on, lambda: _agree.agree_max(ctx, values), True),
         ]
         rows = []
         progress = session.progress(len(steps))
-        for label, fn, agree in steps:
+        for name, within, fn, agree in steps:
             _api.set_check(agree)
             for _ in range(20):  # a switch of the agreement step rebuilds state: not timed
                 fn()
             inner = calls_for_budget(comm, fn, seconds / (_PIECE_REPS + 1), cap=100_000)
             timed_call(comm, fn, inner)  # warm-up
-            times = rounds(comm, {label: fn}, _PIECE_REPS, inner)[label]
-            rows.append(dict(kind="piece", name=label.strip(), nranks=session.nranks,
+            times = rounds(comm, {name: fn}, _PIECE_REPS, inner)[name]
+            rows.append(dict(kind="piece", name=name, within=within, nranks=session.nranks,
                              agree=agree, inner=inner, reps=_PIECE_REPS,
                              times=[float(t) for t in times], time=statistics.median(times)))
-            progress.step(label.strip()[:24])
-        labels = [label for label, _, _ in steps]
+            progress.step(name[:24])
     finally:
         _api.set_check(previous)
-    cols = [("piece of a 1-element shm call", lambda r: r[0]),
-            ("agreement", lambda r: "on" if r[1]["agree"] else "off"),
-            ("calls/sample", lambda r: str(r[1]["inner"])),
-            ("time(us)", lambda r: t_us(r[1]["time"]))]
-    table = format_table(cols, list(zip(labels, rows)), prefix="# ")
-    # Left-align the labels: their indentation shows what is part of what.
-    width = max(len(s) for s in labels)
-    lines = table.splitlines()
-    out_lines = [lines[0]] + [f"  {label.ljust(width)}{line[2 + width:]}"
-                              for label, line in zip(labels, lines[1:])]
-    session.print("\n".join(out_lines))
+    cols = [("piece of a 1-element shm call", lambda r: r["name"]),
+            ("part of", lambda r: r["within"] or "-"),
+            ("calls/sample", lambda r: str(r["inner"])),
+            ("time(us)", lambda r: t_us(r["time"]))]
+    session.print(format_table(cols, rows, prefix="# "))
     return rows
 
 
