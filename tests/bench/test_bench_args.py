@@ -11,7 +11,7 @@ from pycollective._exact import compare, exact_values
 from pycollective._kernels import SUPPORTED_DTYPES
 from pycollective._table import fmt_num, format_table
 from pycollective._units import parse_count, parse_size
-from pycollective.bench import _allreduce, _cli, _harness
+from pycollective.bench import _cli, _harness, _report
 
 OPS = ["sum", "prod", "max", "min"]
 
@@ -144,7 +144,7 @@ def test_help_explains_every_column(capsys):
                    "inplace": False, "iters": 1, "time": 1e-3, "algbw": 1.0, "busbw": 1.0,
                    "native_time": 1e-3, "native_busbw": 1.0, "ratio": 1.0, "pred": 1e-3,
                    "wrong": 0, "maxerr": 0.0, "identical": True, "input_intact": True}]
-    header = _allreduce.single_table(table_rows).splitlines()[0].split()
+    header = _report.single_table(table_rows).splitlines()[0].split()
     for column in header:
         assert column in text, column
     for word in ("tolerance is 0", "max", "median", "2(N-1)/N", "auto score", "exit status"):

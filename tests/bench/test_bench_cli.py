@@ -19,7 +19,7 @@ from mpi4py import MPI
 
 import pycollective
 from pycollective import _env, bench
-from pycollective.bench import _allreduce, _cli, _schema
+from pycollective.bench import _allreduce, _cli, _report, _schema
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = ["--iters", "2", "--warmup", "1"]
@@ -207,9 +207,9 @@ def test_tables_have_comment_headers():
            "inplace": False, "iters": 1, "time": 1e-3, "algbw": 1.0, "busbw": 1.0,
            "native_time": 1e-3, "native_busbw": 1.0, "ratio": 1.0, "wrong": 0, "maxerr": 0.0,
            "identical": True, "input_intact": True, "bytes": 12}
-    head, data = _allreduce.single_table([row]).splitlines()
+    head, data = _report.single_table([row]).splitlines()
     assert head.startswith("# algorithm") and data.startswith("  ")
-    text = _allreduce.sweep_tables([dict(row, name="native"), row], ["ring"], [False])
+    text = _report.sweep_tables([dict(row, name="native"), row], ["ring"], [False])
     _lines_follow_the_convention(text)
 
 

@@ -26,18 +26,22 @@ that returns its rows; only rank 0 prints):
 
 The modules: ``_harness`` (warm-up, timing, checks and cross-rank agreement
 of any collective), ``_cli`` (the registry, parsing, output conventions,
-``--json``), ``_allreduce``, ``_speed`` (membw, latency, segments),
-``_profile`` (the only one that reaches into the library's internals),
-``_schema`` and ``schema.json`` (the ``--json`` format).  Conventions: see
+``--json``), ``_args`` (shared options), ``_allreduce`` and ``_report`` (the
+allreduce command, its tables and plot), ``_speed`` (membw, latency,
+segments), ``_profile`` (the only one that reaches into the library's
+internals), ``_schema`` and ``schema.json`` (the ``--json`` format).  Conventions: see
 :mod:`pycollective.bench._cli`.  Run ``--help`` on any command for the meaning
 of every column.
 """
 
-from . import _allreduce, _profile, _speed  # noqa: F401  (each registers its commands)
-from ._allreduce import ALLREDUCE, algorithm_case, auto_score, parse_args, sweep_counts
+# Importing a command's module registers it (_cli.COMMANDS).
+from ._allreduce import ALLREDUCE, algorithm_case, parse_args, sweep_counts
 from ._cli import COMMANDS, main
 from ._harness import failures
+from ._profile import breakdown  # noqa: F401
+from ._report import auto_score
 from ._schema import SCHEMA_VERSION, load_schema, validate
+from ._speed import latency, membw, segments  # noqa: F401
 
 __all__ = ["main", "COMMANDS", "ALLREDUCE", "algorithm_case", "parse_args", "sweep_counts",
            "auto_score", "failures", "SCHEMA_VERSION", "load_schema", "validate"]

@@ -7,27 +7,28 @@ the tables, the auto score and the plot.  Warm-up, timing, checking and the
 cross-rank agreement live in :mod:`pycollective.bench._harness`.
 """
 
-import argparse
-import math
-
 import numpy as np
 
 from .. import _auto
 from .. import _collectives as _api
 from .._context import get_context
-from .._exact import exact_values, fill_exact
-from .._kernels import SUPPORTED_DTYPES
+from .._exact import fill_exact
 from .._ops import MPI_OPS
 from .._root import bcast_from_root
-from .._table import fmt_num, format_table
 from .._units import count_arg, size_arg
 from ..model.choice import calibrated_times, gamma_of
 from ..model.formulas import predict
 from ..model.params import load_params
-from . import _cli, _harness
+from ._args import (add_algorithms_argument, add_data_options, check_exact, expand_algorithms,
+                    factor_arg, positive_int, seconds_arg)
+from ._cli import build_parser as _build_parser
+from ._cli import command, input_problem, output_problem
+from ._cli import parse as _parse
+from ._harness import Case, Collective, busbw, failures, measure
+from ._report import auto_score, plot, score_table, single_table, sweep_tables, t_us
 
 __all__ = ["ALLREDUCE", "algorithm_case", "parse_args", "build_parser", "sweep_counts",
-           "auto_score", "plot", "single_table", "sweep_tables", "t_us"]
+           "auto_score", "usable", "compare_with_native"]
 
 
 # --- the allreduce collective ------------------------------------------------
@@ -42,12 +43,12 @@ def _allreduce_factor(nranks):
     return 2.0 * (nranks - 1) / nranks
 
 
-ALLREDUCE = _harness.Collective(
+ALLREDUCE = Collective(
     name="allreduce",
     nbytes=lambda count, itemsize: count * itemsize,
     busbw_factor=_allreduce_factor,
     init=fill_exact,
-    reference=_harness.Case("native", _native),
+    reference=Case("native", _native),
 )
 
 
@@ -55,7 +56,7 @@ def algorithm_case(name):
     """The :class:`~pycollective.bench._harness.Case` running ``pycollective.allreduce`` with ``name``."""
     def run(comm, sendbuf, recvbuf, op):
         _api.allreduce(sendbuf, recvbuf, op, comm=comm, algorithm=name)
-    return _harness.Case(name, run)
+    return Case(name, run)
 
 
 # --- command line ------------------------------------------------------------
@@ -115,76 +116,6 @@ exit status: 0 when every element of every run is right, replicas agree and
 inputs are intact; 1 otherwise; 2 for bad arguments (on every rank, before
 any message is sent).
 """
-
-
-def _float_arg(text, what, ok, rule):
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a {what}") from None
-    if not ok(value) or not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{rule}, got {text!r}")
-    return value
-
-
-def factor_arg(text):
-    """argparse type: a number above 1."""
-    return _float_arg(text, "number", lambda v: v > 1, "step factor must be a number above 1")
-
-
-def seconds_arg(text):
-    """argparse type: a positive number of seconds."""
-    return _float_arg(text, "number of seconds", lambda v: v > 0,
-                      "a time budget must be positive")
-
-
-def positive_int(text):
-    """argparse type: a whole number of at least 1 (``1e3`` allowed)."""
-    value = count_arg(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
-    return value
-
-
-def add_data_options(p):
-    """--dtype and --op, shared by the commands that time allreduce."""
-    dtypes = [d.name for d in SUPPORTED_DTYPES]
-    p.add_argument("--dtype", "-d", default="float32", choices=dtypes, metavar="DTYPE",
-                   help=f"element type: {', '.join(dtypes)} (float32)")
-    p.add_argument("--op", "-o", default="sum", choices=list(MPI_OPS), metavar="OP",
-                   help="reduction: sum, prod, max, min (sum)")
-
-
-def check_exact(parser, args, nranks):
-    """An argument error when no exact data exist for this dtype, op and N."""
-    try:
-        exact_values(0, 1, 0, nranks, np.dtype(args.dtype), args.op)
-    except ValueError as exc:
-        parser.error(str(exc))
-
-
-def expand_algorithms(names):
-    """``all`` -> every registered algorithm; duplicates dropped, order kept."""
-    names = [names] if isinstance(names, str) else names
-    expanded = []
-    for name in names:
-        for n in (_api.algorithms() if name == "all" else [name]):
-            if n not in expanded:
-                expanded.append(n)
-    return expanded
-
-
-def add_algorithms_argument(p, default="all"):
-    """The positional ALGORITHM list; its choices come from the registry."""
-    # "auto" times allreduce(algorithm="auto") itself (choice included); "all"
-    # is every registered algorithm (not auto: it is one of them).
-    choices = _api.algorithms() + ["auto", "all"]
-    # a string default: argparse checks a nargs="*" default against choices.
-    p.add_argument("algorithms", nargs="*", metavar="ALGORITHM", choices=choices,
-                   default=default,
-                   help=f"algorithms to run: {', '.join(choices)} (default: {default}; all = "
-                        "every registered algorithm; auto = what algorithm='auto' picks, timed "
-                        "as the user would call it)")
 
 
 def _options(p):
@@ -262,7 +193,7 @@ def _check(args, parser, nranks):
 
 
 def _params_problem(path):
-    why = _cli.input_problem(path)
+    why = input_problem(path)
     if why is None:
         try:
             load_params(path)
@@ -276,7 +207,7 @@ def _plot_problem(path):
         import matplotlib  # noqa: F401
     except ImportError:
         return "needs matplotlib: pip install 'pycollective[plot]'"
-    return _cli.output_problem(path)
+    return output_problem(path)
 
 
 def _files(args):
@@ -290,7 +221,7 @@ def _files(args):
 
 def build_parser():
     """The argument parser; its choices come from the algorithm registry and the kernels."""
-    return _cli.build_parser("allreduce")
+    return _build_parser("allreduce")
 
 
 def parse_args(argv, nranks, comm=None):
@@ -303,7 +234,7 @@ def parse_args(argv, nranks, comm=None):
     Raises:
         SystemExit: for bad arguments (status 2) and for --help (status 0).
     """
-    return _cli.parse("allreduce", argv, nranks, comm)
+    return _parse("allreduce", argv, nranks, comm)
 
 
 def sweep_counts(lo, hi, factor):
@@ -395,192 +326,6 @@ def _install_beliefs(args, comm):
     return _auto.auto_for(ctx, params=params), previous
 
 
-# --- reports -----------------------------------------------------------------
-
-def t_us(seconds):
-    """Seconds as microseconds with 4 significant figures; ``-`` for None."""
-    return fmt_num(seconds * 1e6, 4) if seconds is not None else "-"
-
-
-def _err_pct(row):
-    pred, t = row.get("pred"), row["time"]
-    if not pred or not t > 0:  # no prediction, or none for an empty vector
-        return "-"
-    return f"{100.0 * (pred / t - 1):+.0f}"
-
-
-def _name(r):
-    return f"auto->{r['auto']}" if r["name"] == "auto" and r.get("auto") else r["name"]
-
-
-def single_table(rows):
-    """Phase-1 table: one line per (mode, algorithm), native in its own columns."""
-    cols = [
-        ("algorithm", _name),
-        ("N", lambda r: str(r["nranks"])),
-        ("M", lambda r: str(r["count"])),
-        ("dtype", lambda r: r["dtype"]),
-        ("op", lambda r: r["op"]),
-        ("mode", lambda r: "ip" if r["inplace"] else "oop"),
-        ("iters", lambda r: str(r["iters"])),
-        ("time(us)", lambda r: t_us(r["time"])),
-        ("algbw", lambda r: fmt_num(r["algbw"])),
-        ("busbw", lambda r: fmt_num(r["busbw"])),
-        ("native(us)", lambda r: t_us(r["native_time"])),
-        ("native bw", lambda r: fmt_num(r["native_busbw"])),
-        ("ratio", lambda r: fmt_num(r["ratio"])),
-    ]
-    if any(r.get("pred") is not None for r in rows):
-        cols += [("model(us)", lambda r: t_us(r.get("pred_bare"))),
-                 ("pred(us)", lambda r: t_us(r.get("pred"))), ("err%", _err_pct)]
-    cols += [
-        ("#wrong", lambda r: str(r["wrong"])),
-        ("maxerr", lambda r: fmt_num(r["maxerr"])),
-        ("same", lambda r: "yes" if r["identical"] else "NO"),
-        ("input", lambda r: "ok" if r["input_intact"] else "CHANGED"),
-    ]
-    return format_table(cols, rows, prefix="# ")
-
-
-def sweep_tables(rows, names, modes):
-    """nccl-tests layout: one table per algorithm (and native), one line per size."""
-    out = []
-    by = {(r["name"], r["count"], r["inplace"]): r for r in rows}
-    counts = sorted({r["count"] for r in rows})
-    with_pred = any(r.get("pred") is not None for r in rows)
-    for name in ["native"] + names:
-        lines = []
-        for c in counts:
-            lines.append([by.get((name, c, m)) for m in modes])
-        first = lambda ln: next(r for r in ln if r is not None)  # noqa: E731
-        cols = [
-            ("size(B)", lambda ln: str(first(ln)["bytes"])),
-            ("count", lambda ln: str(first(ln)["count"])),
-            ("type", lambda ln: first(ln)["dtype"]),
-            ("redop", lambda ln: first(ln)["op"]),
-        ]
-        for k, m in enumerate(modes):
-            tag = "ip" if m else "oop"
-            cols += [
-                (f"{tag} time(us)", lambda ln, k=k: t_us(ln[k]["time"])),
-                (f"{tag} algbw", lambda ln, k=k: fmt_num(ln[k]["algbw"])),
-                (f"{tag} busbw", lambda ln, k=k: fmt_num(ln[k]["busbw"])),
-                (f"{tag} #wrong", lambda ln, k=k: str(ln[k]["wrong"]) if name != "native" else "-"),
-            ]
-        if with_pred and name != "native":
-            cols += [("model(us)", lambda ln: t_us(ln[0].get("pred_bare"))),
-                     ("pred(us)", lambda ln: t_us(ln[0].get("pred"))),
-                     ("err%", lambda ln: _err_pct(ln[0]))]
-        problems = [r for ln in lines for r in ln if not (r["identical"] and r["input_intact"])]
-        note = ""
-        if problems:
-            note = (f"\n#  !! {len(problems)} runs with replicas that differ across ranks "
-                    "or a modified send buffer")
-        n = lines[0][0]["nranks"]
-        out.append(f"# {name}  (N={n}, times are medians of the max over ranks)\n"
-                   + format_table(cols, lines, prefix="# ") + note)
-    return "\n\n".join(out)
-
-
-def auto_score(rows, names, within=0.10):
-    """Score the model's choice against the measurements.
-
-    For every (N, count, dtype, op, mode) where at least two algorithms were
-    measured and the row carries ``auto`` (the model's pick), the point scores
-    when the pick's measured time is at most ``(1 + within)`` times the
-    fastest measured algorithm's.  Native MPI is not a candidate.
-
-    Returns:
-        ``dict(points=[...], scored=int, hits=int, score=float or None)``.
-    """
-    groups = {}
-    for r in rows:
-        if r["name"] in names:
-            groups.setdefault((r["nranks"], r["count"], r["dtype"], r["op"], r["inplace"]),
-                              []).append(r)
-    points = []
-    for key, grp in sorted(groups.items()):
-        pick = grp[0].get("auto")
-        if pick is None or len(grp) < 2:
-            continue
-        times = {r["name"]: r["time"] for r in grp}
-        fastest = min(times, key=times.get)
-        entry = dict(nranks=key[0], count=key[1], dtype=key[2], op=key[3], inplace=key[4],
-                     fastest=fastest, fastest_time=times[fastest], auto=pick,
-                     auto_time=times.get(pick))
-        entry["hit"] = bool(entry["auto_time"] is not None
-                            and entry["auto_time"] <= (1 + within) * times[fastest])
-        points.append(entry)
-    hits = sum(p["hit"] for p in points)
-    return dict(points=points, scored=len(points), hits=hits, within=within,
-                score=(hits / len(points)) if points else None)
-
-
-def _score_table(score):
-    cols = [
-        ("N", lambda p: str(p["nranks"])),
-        ("count", lambda p: str(p["count"])),
-        ("mode", lambda p: "ip" if p["inplace"] else "oop"),
-        ("fastest", lambda p: p["fastest"]),
-        ("time(us)", lambda p: t_us(p["fastest_time"])),
-        ("auto", lambda p: p["auto"]),
-        ("auto(us)", lambda p: t_us(p["auto_time"])),
-        ("ok", lambda p: "yes" if p["hit"] else "no"),
-    ]
-    text = format_table(cols, score["points"], prefix="# ")
-    if score["score"] is not None:
-        text += (f"\n# auto score: {score['hits']}/{score['scored']} = "
-                 f"{100 * score['score']:.0f}% of points where the model's choice is the "
-                 f"fastest or within {100 * score['within']:.0f}% of it")
-    return text
-
-
-def plot(rows, names, path, title):
-    """Draw busbw against message size, measured points and predicted lines.
-
-    Args:
-        rows: measurement dicts (from :func:`pycollective.bench.main`).
-        names: algorithms to draw (native is always drawn).
-        path: output image file.
-        title: the figure title.
-    """
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(10, 5.5))
-    colors = plt.get_cmap("tab20").colors[::2] + plt.get_cmap("tab20").colors[1::2]
-    # Out of place only when there is any (in place looks alike and would
-    # double the lines); in place when that is all there is.
-    modes = [False] if any(not r["inplace"] for r in rows) else [True]
-    for k, name in enumerate(["native"] + names):
-        color = "black" if name == "native" else colors[(k - 1) % len(colors)]
-        for inplace, marker in ((False, "o"), (True, "s")):
-            if inplace not in modes:
-                continue
-            sel = sorted((r for r in rows if r["name"] == name and r["inplace"] == inplace
-                          and r["bytes"] > 0), key=lambda r: r["bytes"])
-            if not sel:
-                continue
-            label = f"{name}{' (in place)' if inplace else ''}"
-            ax.plot([r["bytes"] for r in sel], [r["busbw"] for r in sel], marker=marker,
-                    linestyle=":" if inplace else "-", color=color, label=label,
-                    fillstyle="none" if inplace else "full", markersize=4)
-            pred = [(r["bytes"], r["pred_busbw"]) for r in sel if r.get("pred_busbw")]
-            if pred and name != "auto":  # auto's prediction is its pick's line
-                ax.plot(*zip(*pred), linestyle="--", color=color, alpha=0.6)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("message size per rank (bytes)")
-    ax.set_ylabel("busbw (GB/s)")
-    ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def usable(names, session):
     """``names`` without the algorithms that cannot run on the session's communicator.
 
@@ -609,7 +354,7 @@ def compare_with_native(rows):
 
 # --- the command ----------------------------------------------------------------
 
-@_cli.command("allreduce", "time and check allreduce algorithms against native MPI "
+@command("allreduce", "time and check allreduce algorithms against native MPI "
               "(the default command)", options=_options, check=_check, files=_files,
               epilog=_EPILOG)
 def run(args, session):
@@ -630,7 +375,7 @@ def run(args, session):
             pick = beliefs.pick(count, dtype, args.op)
             calibrated = beliefs.calibrated(count, dtype)
             for inplace in args.modes:
-                got = compare_with_native(_harness.measure(
+                got = compare_with_native(measure(
                     comm, ALLREDUCE, cases, count, dtype, args.op, inplace=inplace,
                     iters=args.iters, warmup=args.warmup, budget=args.budget))
                 for r in got:
@@ -640,7 +385,7 @@ def run(args, session):
                     r["pred"] = calibrated.get(predicted) if mine else None
                     if r["pred"] is None:
                         r["pred"] = r["pred_bare"]
-                    r["pred_busbw"] = (None if not r["pred"] else _harness.busbw(
+                    r["pred_busbw"] = (None if not r["pred"] else busbw(
                         r["bytes"], r["pred"], ALLREDUCE.busbw_factor(nranks)))
                     r["auto"] = pick
                 rows.extend(got)
@@ -658,8 +403,8 @@ def run(args, session):
     elif ours:
         session.print(single_table(ours))
     if score["scored"]:
-        session.print("\n" + _score_table(score))
-    bad = _harness.failures(rows)
+        session.print("\n" + score_table(score))
+    bad = failures(rows)
     if bad:
         session.print(f"\n# FAILED: {len(bad)} runs with wrong elements, differing replicas "
                       f"or a modified input: " + ", ".join(sorted({r['name'] for r in bad})))

@@ -31,8 +31,9 @@ from .._table import format_table
 from .._timing import calls_for_budget, rounds, slowest, timed_call
 from .._units import count_arg
 from ..algorithms import shm
-from . import _cli
-from ._allreduce import add_data_options, check_exact, positive_int, t_us
+from ._args import add_data_options, check_exact, positive_int
+from ._cli import command
+from ._report import t_us
 
 __all__ = ["pieces", "breakdown"]
 
@@ -235,7 +236,7 @@ def _breakdown_check(args, parser, nranks):
     check_exact(parser, args, nranks)
 
 
-@_cli.command("breakdown", "where the time of one large 'shm' call goes, phase by phase",
+@command("breakdown", "where the time of one large 'shm' call goes, phase by phase",
               options=_breakdown_options, check=_breakdown_check)
 def breakdown(args, session):
     """One row per (path, phase) and one per whole call (``path="call"``), per size."""

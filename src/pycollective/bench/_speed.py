@@ -18,10 +18,13 @@ from .._table import fmt_num, format_table
 from .._timing import rounds
 from .._units import bytes_label, count_arg, size_arg
 from ..algorithms import ring_pipelined
-from . import _cli, _harness, _profile
-from ._allreduce import (ALLREDUCE, add_algorithms_argument, add_data_options, algorithm_case,
-                         check_exact, compare_with_native, expand_algorithms, positive_int,
-                         seconds_arg, t_us, usable)
+from ._allreduce import ALLREDUCE, algorithm_case, compare_with_native, usable
+from ._args import (add_algorithms_argument, add_data_options, check_exact, expand_algorithms,
+                    positive_int, seconds_arg)
+from ._cli import command
+from ._harness import Case, measure
+from ._profile import pieces
+from ._report import t_us
 
 __all__ = ["membw", "latency", "segments", "FLOOR_TRAFFIC"]
 
@@ -59,7 +62,7 @@ conservative, since a copy also pays a read-for-ownership of its destination.
 """
 
 
-@_cli.command("membw", "memory bandwidth of every rank copying at once: the allreduce floor",
+@command("membw", "memory bandwidth of every rank copying at once: the allreduce floor",
               options=_membw_options, check=_membw_check, epilog=_MEMBW_EPILOG)
 def membw(args, session):
     """Rows ``together`` and ``alone``: seconds per copy and bytes of traffic per second."""
@@ -136,14 +139,14 @@ real call are not all there).
 """
 
 
-@_cli.command("latency", "small calls: the pieces of one call, then back-to-back timing",
+@command("latency", "small calls: the pieces of one call, then back-to-back timing",
               options=_latency_options, check=_latency_check, epilog=_LATENCY_EPILOG)
 def latency(args, session):
     """Piece rows (``kind="piece"``), then one measurement row per algorithm, size and agreement."""
     comm = session.comm
     dtype = np.dtype(args.dtype)
     names, _ = usable(args.algorithms, session)
-    rows = [] if args.no_pieces else _profile.pieces(session, args.piece_time)
+    rows = [] if args.no_pieces else pieces(session, args.piece_time)
     cases = [algorithm_case(n) for n in names]
     agrees = {"on": [True], "off": [False], "both": [True, False]}[args.agree]
     progress = session.progress(len(agrees) * len(args.M))
@@ -153,7 +156,7 @@ def latency(args, session):
         for agree in agrees:
             _api.set_check(agree)
             for count in args.M:
-                got = compare_with_native(_harness.measure(
+                got = compare_with_native(measure(
                     comm, ALLREDUCE, cases, count, dtype, args.op, iters=args.iters,
                     warmup=args.warmup, inner=args.inner))
                 for r in got:
@@ -200,10 +203,10 @@ def _segment_case(nbytes):
         # Every rank runs the cases in the same order, so the setting agrees.
         ring_pipelined.set_segment_bytes(nbytes)
         _api.allreduce(sendbuf, recvbuf, op, comm=comm, algorithm="ring_pipelined")
-    return _harness.Case(f"ring_pipelined/{bytes_label(nbytes)}", run)
+    return Case(f"ring_pipelined/{bytes_label(nbytes)}", run)
 
 
-@_cli.command("segments", "ring_pipelined's segment size: several sizes in one run",
+@command("segments", "ring_pipelined's segment size: several sizes in one run",
               options=_segments_options, check=_segments_check)
 def segments(args, session):
     """One measurement row per size and segment (and native), with ``segment_bytes``."""
@@ -218,7 +221,7 @@ def segments(args, session):
     rows = []
     try:
         for count in args.M:
-            got = compare_with_native(_harness.measure(
+            got = compare_with_native(measure(
                 comm, ALLREDUCE, cases, count, np.dtype(args.dtype), args.op,
                 iters=args.iters, warmup=args.warmup))
             for r in got:
