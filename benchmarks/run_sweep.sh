@@ -8,7 +8,10 @@
 #   NS="2 4" MAXCOUNT=1e5 benchmarks/run_sweep.sh   # a quick one
 #
 # Writes benchmarks/results/<UTC stamp>/: model.json (the calibration used),
-# sweep_N<n>.{json,txt,png}, commands.txt and report.md.
+# sweep_N<n>.{json,txt,png}, commands.txt and report.md.  A run cited in the
+# docs keeps report.md, commands.txt, model.json, the plots and the text
+# tables; the JSON (every repetition) is regenerated, not committed
+# (benchmarks/results/.gitignore).
 #
 # Why M stops at 1e7 by default: at 1e8 float32 the benchmark holds three
 # 400 MB vectors per rank, and naive / ps / tree / butterfly add one to three
@@ -21,8 +24,9 @@
 # BUDGET (6 s of timed repetitions per size, all algorithms together, at
 # least 3 repetitions), CALIBRATE (1: calibrate the model first at every N
 # into the results directory; 0: use the model's default calibration),
-# ALGOS ("all auto"), OUT (the results directory), PYTHON,
-# PYCOLLECTIVE_TIMEOUT (per launch, 3600 s).
+# ALGOS ("all auto"), OUT (the results directory), PYTHON (default: python3
+# on PATH), PYCOLLECTIVE_TIMEOUT (per launch, 3600 s).  The bench's progress
+# bar shows when this script's stderr is a terminal.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
@@ -43,10 +47,13 @@ mkdir -p "$out"
 run="$root/scripts/run_mpi.sh"
 status=0
 
+progress=()
+[ -t 2 ] && progress=(--progress)  # under mpiexec the ranks' stderr is a pipe
+
 params_opt=()
 if [ "$CALIBRATE" = 1 ]; then
     for n in $NS; do
-        cmd=("$run" "$n" -m pycollective.model --calibrate --output "$out/model.json" --quiet)
+        cmd=("$run" "$n" -m pycollective.model calibrate --output "$out/model.json" --quiet)
         echo "${cmd[*]#$root/}" >> "$out/commands.txt"
         "${cmd[@]}" || { echo "calibration at N=$n failed" >&2; status=1; }
     done
@@ -60,7 +67,7 @@ for n in $NS; do
          "${params_opt[@]}" --json "$out/sweep_N$n.json" --plot "$out/busbw_N$n.png")
     echo "${cmd[*]//$root\//}" >> "$out/commands.txt"
     echo "== N=$n: ${cmd[*]//$root\//}" >&2
-    "${cmd[@]}" | tee "$out/sweep_N$n.txt"
+    "${cmd[@]}" "${progress[@]}" | tee "$out/sweep_N$n.txt"
     rc=${PIPESTATUS[0]}
     if [ "$rc" -ne 0 ]; then
         echo "sweep at N=$n exited with status $rc" >&2

@@ -12,7 +12,7 @@ from mpi4py import MPI
 
 import pycollective
 from pycollective import bench
-from pycollective.bench import _harness
+from pycollective.bench import _allreduce, _harness
 
 QUICK = ["--iters", "2", "--warmup", "1", "--quiet"]
 
@@ -125,7 +125,7 @@ def test_harness_catches_broken_algorithms(inplace):
 @pytest.mark.mpi(min_size=2)
 def test_main_reports_an_injected_wrong_algorithm(monkeypatch):
     """bench.main itself flags a wrong algorithm (what makes the command exit 1)."""
-    real = bench.algorithm_case
+    real = _allreduce.algorithm_case
 
     def patched(name):
         if name != "tree":
@@ -136,7 +136,7 @@ def test_main_reports_an_injected_wrong_algorithm(monkeypatch):
             recvbuf[-1] += 1
         return _harness.Case(name, off_by_one)
 
-    monkeypatch.setattr(bench, "algorithm_case", patched)
+    monkeypatch.setattr(_allreduce, "algorithm_case", patched)
     rows, _ = bench.main(["ring", "tree", "--M", "100", "--dtype", "int32"] + QUICK)
     by = {r["name"]: r for r in rows}
     assert by["tree"]["wrong"] == comm_size() and by["ring"]["wrong"] == 0

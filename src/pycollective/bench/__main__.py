@@ -1,5 +1,5 @@
-"""``python -m pycollective.bench``: see :func:`pycollective.bench.main`."""
+"""``python -m pycollective.bench``: see :mod:`pycollective.bench`."""
 
-from . import _cli
+from ._cli import _cli
 
 _cli()

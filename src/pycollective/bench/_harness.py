@@ -25,7 +25,7 @@ must be done the same way for every implementation:
 * after every call (warm-up calls included), outside the timing, the result
   is compared with the reference's result of the same repetition, bit for
   bit (tolerance 0: the input data make every reduction exact, see
-  :func:`fill_exact`), and its CRC-32 is kept;
+  :func:`pycollective._exact.fill_exact`), and its CRC-32 is kept;
 * after every call, the CRC-32 of the send buffer is compared with the
   input's: a case that writes into its send buffer is blamed (and the input
   restored for the next case);
@@ -34,8 +34,9 @@ must be done the same way for every implementation:
   call), the largest error, whether all ranks held bitwise-identical
   results (CRC-32 after every call), and which cases touched their input.
 
-Exact input data come from :mod:`pycollective._exact`, timing from
-:mod:`pycollective._timing`, tables from :mod:`pycollective._table`.
+Exact input data come from :mod:`pycollective._exact` and timing from
+:mod:`pycollective._timing`; tables and the command line are the
+commands' (:mod:`pycollective.bench._cli`).
 """
 
 import math
@@ -47,13 +48,10 @@ from typing import Callable
 import numpy as np
 from mpi4py import MPI
 
-from .._exact import compare, exact_values, fill_exact
-from .._table import fmt_num, format_table
+from .._exact import compare
 from .._timing import slowest, timed_call
-from .._units import parse_count, parse_size
 
-__all__ = ["Case", "Collective", "measure", "fill_exact", "exact_values", "compare", "parse_count",
-           "parse_size", "algbw", "busbw", "format_table", "fmt_num"]
+__all__ = ["Case", "Collective", "measure", "failures", "algbw", "busbw"]
 
 
 # --- bandwidth arithmetic (nccl-tests conventions) ----------------------------
@@ -116,18 +114,24 @@ class Collective:
     reference: Case
 
 
-def _time_one(comm, case, send, out, op, inplace, pristine):
+def _time_one(comm, case, send, out, op, inplace, pristine, inner):
     if inplace:
         out[...] = pristine
         sendarg = MPI.IN_PLACE
     else:
         _poison(out)
         sendarg = send
-    return timed_call(comm, lambda: case.run(comm, sendarg, out, op))
+    return timed_call(comm, lambda: case.run(comm, sendarg, out, op), inner)
+
+
+def failures(rows):
+    """Rows with wrong elements, replicas that differ, or a modified input."""
+    return [r for r in rows if r.get("wrong") or not r.get("identical", True)
+            or not r.get("input_intact", True)]
 
 
 def measure(comm, collective, cases, count, dtype, op, *, inplace=False, iters=10,
-            warmup=2, budget=None, min_iters=3):
+            warmup=2, budget=None, min_iters=3, inner=1):
     """Time and check ``cases`` and the collective's reference on one configuration.
 
     Collective: every rank must call it with the same arguments.
@@ -148,10 +152,15 @@ def measure(comm, collective, cases, count, dtype, op, *, inplace=False, iters=1
             from the warm-up (never below ``min_iters``); the same count is
             used for every case and agreed across ranks.
         min_iters: lower bound for ``iters`` under a budget.
+        inner: back-to-back calls per timed repetition (its time is per
+            call), for calls shorter than the skew a barrier leaves between
+            ranks; out of place only (in place, each call would reduce the
+            last one's result).  Warm-up calls stay single, so every one of
+            them is checked; of a timed repetition, the last call is.
 
     Returns:
         One dict per case, reference first, with keys ``name``, ``nranks``,
-        ``count``, ``dtype``, ``op``, ``inplace``, ``bytes``, ``iters``,
+        ``count``, ``dtype``, ``op``, ``inplace``, ``bytes``, ``iters``, ``inner``,
         ``times`` (seconds per repetition, max over ranks), ``time``
         (median), ``algbw``, ``busbw`` (GB/s), ``wrong`` (elements differing
         from the reference, summed over ranks, worst call, warm-up included;
@@ -160,6 +169,8 @@ def measure(comm, collective, cases, count, dtype, op, *, inplace=False, iters=1
         (the send buffer held the original input after every call of this
         case, on every rank).
     """
+    if inner > 1 and inplace:
+        raise ValueError("back-to-back calls (inner > 1) are timed out of place only")
     nranks, rank = comm.Get_size(), comm.Get_rank()
     dtype = np.dtype(dtype)
     allcases = [collective.reference] + list(cases)
@@ -180,10 +191,10 @@ def measure(comm, collective, cases, count, dtype, op, *, inplace=False, iters=1
     def buffer_of(k):
         return expected if k == 0 else ours
 
-    def call(k, case):
-        """One timed call of case ``k`` and its checks (outside the timing)."""
+    def call(k, case, calls=1):
+        """``calls`` timed calls of case ``k`` and the checks of the last (outside the timing)."""
         out = buffer_of(k)
-        seconds = _time_one(comm, case, send, out, op, inplace, send)
+        seconds = _time_one(comm, case, send, out, op, inplace, send, calls)
         crc_calls[k].append(_crc(out))
         n = 0
         if k > 0:  # ``expected`` holds the reference's result on this input
@@ -204,14 +215,14 @@ def measure(comm, collective, cases, count, dtype, op, *, inplace=False, iters=1
             spent[0] += call(k, case)
     if budget is not None and warmup > 0:
         spent = slowest(comm, spent)
-        per_rep = spent[0] / warmup
+        per_rep = spent[0] / warmup * inner
         if per_rep > 0:
             iters = max(min_iters, min(iters, int(budget / per_rep)))
 
     times = np.zeros((ncases, iters))
     for it in range(iters):
         for k, case in enumerate(allcases):
-            times[k, it] = call(k, case)
+            times[k, it] = call(k, case, inner)
     wrong = np.array(wrong_calls, np.int64).reshape(ncases, warmup + iters)
     crcs = np.array(crc_calls, np.int64).reshape(ncases, warmup + iters)
 
@@ -231,13 +242,10 @@ def measure(comm, collective, cases, count, dtype, op, *, inplace=False, iters=1
         t = statistics.median(times[k]) if iters else float("nan")
         rows.append(dict(
             name=case.name, nranks=nranks, count=count, dtype=dtype.name, op=op,
-            inplace=bool(inplace), bytes=nbytes, iters=iters,
+            inplace=bool(inplace), bytes=nbytes, iters=iters, inner=inner,
             times=[float(x) for x in times[k]], time=float(t),
             algbw=algbw(nbytes, t), busbw=busbw(nbytes, t, factor),
             wrong=int(wrong[k].max()) if wrong.size else 0, maxerr=float(maxerr[k]),
             identical=bool(np.array_equal(crc_lo[k], crc_hi[k])),
             input_intact=bool(changed[k] == 0)))
     return rows
-
-
-# --- reporting ---------------------------------------------------------------

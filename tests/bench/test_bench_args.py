@@ -11,7 +11,7 @@ from pycollective._exact import compare, exact_values
 from pycollective._kernels import SUPPORTED_DTYPES
 from pycollective._table import fmt_num, format_table
 from pycollective._units import parse_count, parse_size
-from pycollective.bench import _harness
+from pycollective.bench import _cli, _harness, _report
 
 OPS = ["sum", "prod", "max", "min"]
 
@@ -144,7 +144,7 @@ def test_help_explains_every_column(capsys):
                    "inplace": False, "iters": 1, "time": 1e-3, "algbw": 1.0, "busbw": 1.0,
                    "native_time": 1e-3, "native_busbw": 1.0, "ratio": 1.0, "pred": 1e-3,
                    "wrong": 0, "maxerr": 0.0, "identical": True, "input_intact": True}]
-    header = bench._single_table(table_rows).splitlines()[0].split()
+    header = _report.single_table(table_rows).splitlines()[0].split()
     for column in header:
         assert column in text, column
     for word in ("tolerance is 0", "max", "median", "2(N-1)/N", "auto score", "exit status"):
@@ -316,7 +316,7 @@ def test_sweep_report(tmp_path):
     from pathlib import Path
 
     spec = importlib.util.spec_from_file_location(
-        "report", Path(__file__).parents[1] / "benchmarks" / "report.py")
+        "report", Path(__file__).parents[2] / "benchmarks" / "report.py")
     report = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(report)
 
@@ -361,8 +361,8 @@ class _Stream:
 @pytest.mark.parametrize("tty", [True, False])
 def test_progress_bar_only_on_a_terminal(monkeypatch, tty):
     stream = _Stream(tty)
-    monkeypatch.setattr(bench.sys, "stderr", stream)
-    bar = bench._Progress(2, enabled=True)
+    monkeypatch.setattr(_cli.sys, "stderr", stream)
+    bar = _cli.Progress(2, enabled=True)
     bar.step("first")
     bar.step("second")
     if tty:
@@ -371,6 +371,6 @@ def test_progress_bar_only_on_a_terminal(monkeypatch, tty):
     else:
         assert stream.text == ""
     before = stream.text
-    quiet = bench._Progress(2, enabled=False)  # ranks other than 0
+    quiet = _cli.Progress(2, enabled=False)  # ranks other than 0
     quiet.step("x")
     assert stream.text == before

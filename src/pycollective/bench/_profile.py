@@ -1,0 +1,304 @@
+"""Profiles of "shm" from the inside: the pieces of one small call, the phases of a large one.
+
+This is the one module of the benchmark that reaches past the public API,
+into the shared-memory primitives (:mod:`pycollective._shmem`,
+:mod:`pycollective._cma`), the algorithm's own state
+(:mod:`pycollective.algorithms.shm`), the fast path and the agreement step,
+so that a missed speed target can be explained by where the time goes.
+
+The phase breakdown replays :func:`~pycollective.algorithms.shm.shm_allreduce`
+step by step with a clock between the steps (the two paths: through the
+shared window, and single copy with ``process_vm_readv``) and checks the
+replayed result against native MPI, so a replay that drifted from the
+algorithm shows as wrong elements.
+"""
+
+import statistics
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from .. import _agree, _fastpath
+from .. import _collectives as _api
+from .._context import get_context
+from .._exact import compare, fill_exact
+from .._kernels import get_kernel
+from .._ops import MPI_OPS
+from .._partition import chunk_bounds
+from .._shmem import DOUBLE_LIMIT, copy_in, copy_out, reduce_block, reduce_own_slice
+from .._table import format_table
+from .._timing import calls_for_budget, rounds, slowest, timed_call
+from .._units import count_arg
+from ..algorithms import shm
+from ._args import add_data_options, check_exact, positive_int
+from ._cli import command
+from ._report import t_us
+
+__all__ = ["pieces", "breakdown"]
+
+_PIECE_REPS = 5
+
+
+def _shm_reason(session):
+    """Why "shm" cannot be profiled on the session's communicator, or None (collective)."""
+    reason = _api.unusable_algorithms(session.comm).get("shm")
+    if reason is None and session.nranks < 2:
+        # allreduce returns at once on one rank; there is nothing to profile
+        reason = "one rank: allreduce sends nothing"
+    return reason
+
+
+# --- the pieces of one small call -------------------------------------------
+
+def pieces(session, seconds):
+    """Time each piece of a 1-element ``allreduce(algorithm="shm")`` on its own.
+
+    Args:
+        session: the command's session (its communicator, its printing).
+        seconds: about how long to spend on each piece.
+
+    Returns:
+        One row per piece (``kind="piece"``): the median over samples of the
+        slowest rank's seconds per call; none when "shm" cannot run here.
+    """
+    comm = session.comm
+    reason = _shm_reason(session)
+    if reason:
+        session.skip("pieces", f"they profile 'shm', which cannot run here: {reason}")
+        return []
+    ctx = get_context(comm)
+    x = np.arange(1, dtype=np.float32) + session.rank
+    out = np.empty_like(x)
+    kernel = get_kernel("sum", x.dtype)
+
+    def whole():
+        _api.allreduce(x, out, MPI.SUM, comm=comm, algorithm="shm")
+
+    previous = _api.set_check(False)
+    try:
+        whole()  # builds the window and this shape's fast-path plan
+        node = shm._state(ctx).node
+        values = _agree.fact_values(ctx.rank, None, ())
+
+        def region():
+            offset, _ = node.begin(x.nbytes)
+            node.slots(offset, x.nbytes, x.dtype)
+
+        def copy_and_reduce():
+            slots = node.slots(0, x.nbytes, x.dtype)
+            slots[node.rank][...] = x
+            reduce_block(kernel, slots, out)
+
+        off, on = "allreduce(shm), agreement off", "allreduce(shm), agreement on"
+        steps = [  # (piece, what it is part of, call, agreement step on?)
+            ("native comm.Allreduce", None, lambda: comm.Allreduce(x, out, op=MPI.SUM), False),
+            (off, None, whole, False),
+            ("shm algorithm alone", off, lambda: shm.shm_allreduce(ctx, x, out, kernel), False),
+            ("fast-path lookup, out of place", off,
+             lambda: _fastpath.lookup(x, out, MPI.SUM, comm, "shm"), False),
+            ("fast-path lookup, in place", off,
+             lambda: _fastpath.lookup(MPI.IN_PLACE, out, MPI.SUM, comm, "shm"), False),
+            ("window region + slot views", off, region, False),
+            ("copy-in + kernel", off, copy_and_reduce, False),
+            ("flag barrier", off, node.barrier.sync, False),
+            (on, None, whole, True),
+            ("agreement (MAX over ranks)", on, lambda: _agree.agree_max(ctx, values), True),
+        ]
+        rows = []
+        progress = session.progress(len(steps))
+        for name, within, fn, agree in steps:
+            _api.set_check(agree)
+            for _ in range(20):  # a switch of the agreement step rebuilds state: not timed
+                fn()
+            inner = calls_for_budget(comm, fn, seconds / (_PIECE_REPS + 1), cap=100_000)
+            timed_call(comm, fn, inner)  # warm-up
+            times = rounds(comm, {name: fn}, _PIECE_REPS, inner)[name]
+            rows.append(dict(kind="piece", name=name, within=within, nranks=session.nranks,
+                             agree=agree, inner=inner, reps=_PIECE_REPS,
+                             times=[float(t) for t in times], time=statistics.median(times)))
+            progress.step(name[:24])
+    finally:
+        _api.set_check(previous)
+    cols = [("piece of a 1-element shm call", lambda r: r["name"]),
+            ("part of", lambda r: r["within"] or "-"),
+            ("calls/sample", lambda r: str(r["inner"])),
+            ("time(us)", lambda r: t_us(r["time"]))]
+    session.print(format_table(cols, rows, prefix="# "))
+    return rows
+
+
+# --- the phases of one large call ---------------------------------------------
+
+def _window_path(node, src, dst, kernel):
+    """One call of the window path (messages above 4 KiB); seconds per phase."""
+    nbytes, rank = dst.nbytes, node.rank
+    offset, trailing = node.begin(nbytes)
+    slots = node.slots(offset, nbytes, dst.dtype)
+    bounds = chunk_bounds(dst.size, node.size)
+    node.comm.Barrier()
+    stamps = [time.perf_counter()]
+    copy_in(src, slots[rank], rank, bounds)
+    stamps.append(time.perf_counter())
+    node.sync()
+    stamps.append(time.perf_counter())
+    reduce_own_slice(kernel, src, slots, rank, bounds, dst)
+    stamps.append(time.perf_counter())
+    node.sync()
+    stamps.append(time.perf_counter())
+    copy_out(dst, slots, rank, bounds)
+    stamps.append(time.perf_counter())
+    if trailing:
+        node.sync()
+    stamps.append(time.perf_counter())
+    return np.diff(stamps)
+
+
+_WINDOW = ["copy-in", "sync", "reduce (+ copy to dst)", "sync", "copy-out", "sync (above 1 MiB)"]
+
+
+def _single_copy_path(cross, src, dst, kernel):
+    """One call of the single-copy path (out of place); seconds per phase."""
+    n, r = cross.size, cross.rank
+    bounds = chunk_bounds(dst.size, n)
+    itemsize = dst.itemsize
+    block = max(1, max(16 << 10, shm._CMA_STAGE_BYTES // (n - 1)) // itemsize)
+    tmp = cross.scratch(n * block * itemsize)
+    staged = [tmp[i * block * itemsize:(i + 1) * block * itemsize].view(dst.dtype)
+              for i in range(n)]
+    cross.comm.Barrier()
+    t0 = time.perf_counter()
+    cross.publish(src, dst)
+    cross.sync()
+    srcs = [int(h[1]) for h in cross.headers]
+    dsts = [int(h[2]) for h in cross.headers]
+    t1 = time.perf_counter()
+    lo, hi = bounds[r], bounds[r + 1]
+    reducing = 0.0
+    for b in range(lo, hi, block):
+        e = min(b + block, hi)
+        operands, i = [], 0
+        for q in range(n):
+            if q == r:
+                operands.append(src[b:e])
+            else:
+                part = staged[i][:e - b]
+                i += 1
+                cross.read(q, srcs[q] + b * itemsize, part)
+                operands.append(part)
+        k = time.perf_counter()
+        reduce_block(kernel, operands, dst[b:e])
+        reducing += time.perf_counter() - k
+    t2 = time.perf_counter()
+    cross.sync()
+    t3 = time.perf_counter()
+    for q in range(n):
+        qlo, qhi = bounds[q], bounds[q + 1]
+        if q != r and qhi > qlo:
+            cross.read(q, dsts[q] + qlo * itemsize, dst[qlo:qhi])
+    t4 = time.perf_counter()
+    cross.sync()
+    t5 = time.perf_counter()
+    return [t1 - t0, t2 - t1 - reducing, reducing, t3 - t2, t4 - t3, t5 - t4]
+
+
+_SINGLE = ["publish addresses + sync", "reduce: process_vm_readv", "reduce: kernel", "sync",
+           "copy-out process_vm_readv", "sync"]
+
+
+def _replay(comm, run, target, reps, src, dst, expected, kernel):
+    """``run`` ``reps`` + 1 times (the first untimed): per-phase medians of the slowest rank, #wrong."""
+    times = []
+    wrong = 0
+    for rep in range(reps + 1):
+        dst.fill(0)
+        times.append(run(target, src, dst, kernel))
+        wrong = max(wrong, compare(dst, expected)[0])
+    worst = slowest(comm, times[1:])
+    wrong = comm.allreduce(wrong, op=MPI.SUM)
+    return np.median(worst, axis=0), wrong
+
+
+def _breakdown_options(p):
+    p.description = ("Where the time of one large 'shm' call goes: each phase of both of its "
+                     "paths, replayed with a clock between the steps.")
+    p.add_argument("--M", type=count_arg, nargs="+", default=[10 ** 7], metavar="COUNT",
+                   help="elements per rank (1e7)")
+    add_data_options(p)
+    p.add_argument("--reps", type=positive_int, default=5, help="timed repetitions (5)")
+
+
+def _breakdown_check(args, parser, nranks):
+    small = [m for m in args.M if m * np.dtype(args.dtype).itemsize <= shm._REPLICATE_BYTES]
+    if small:
+        parser.error(f"--M {small[0]}: the breakdown covers messages above "
+                     f"{shm._REPLICATE_BYTES} bytes (smaller ones take one sync and no phases)")
+    check_exact(parser, args, nranks)
+
+
+@command("breakdown", "where the time of one large 'shm' call goes, phase by phase",
+              options=_breakdown_options, check=_breakdown_check)
+def breakdown(args, session):
+    """One row per (path, phase) and one per whole call (``path="call"``), per size."""
+    comm, rank, nranks = session.comm, session.rank, session.nranks
+    reason = _shm_reason(session)
+    if reason:
+        session.skip("shm", reason)
+        return []
+    state = shm._state(get_context(comm))
+    dtype = np.dtype(args.dtype)
+    kernel = get_kernel(args.op, dtype)
+    rows = []
+    progress = session.progress(len(args.M))
+    for count in args.M:
+        src = np.empty(count, dtype)
+        fill_exact(src, rank, nranks, args.op)
+        expected = np.empty_like(src)
+        dst = np.empty_like(src)
+        comm.Allreduce(src, expected, op=MPI_OPS[args.op])
+        single = state.cross is not None and dst.nbytes > DOUBLE_LIMIT
+
+        def native():
+            comm.Allreduce(src, dst, op=MPI_OPS[args.op])
+
+        def whole():
+            _api.allreduce(src, dst, args.op, comm=comm, algorithm="shm")
+
+        whole()
+        calls = rounds(comm, {"native": native, "shm": whole}, args.reps)
+        whole()
+        wrong = comm.allreduce(compare(dst, expected)[0], op=MPI.SUM)
+        base = dict(nranks=nranks, count=count, dtype=dtype.name)
+        for name, times in calls.items():
+            rows.append(dict(base, path="call", phase=name, time=statistics.median(times),
+                             share=None, used=True, wrong=wrong if name == "shm" else 0))
+        paths = [("window", _window_path, _WINDOW, state.node, not single)]
+        if state.cross is not None:
+            paths.append(("single-copy", _single_copy_path, _SINGLE, state.cross, single))
+        for label, run, phases, target, used in paths:
+            medians, wrong = _replay(comm, run, target, args.reps, src, dst, expected, kernel)
+            total = float(medians.sum())
+            for phase, t in zip(phases, medians):
+                rows.append(dict(base, path=label, phase=phase, time=float(t),
+                                 share=float(t) / total if total > 0 else None, used=used,
+                                 wrong=wrong))
+        progress.step(f"{count} el")
+        _print_breakdown(session, [r for r in rows if r["count"] == count], count, dtype)
+    return rows
+
+
+def _print_breakdown(session, rows, count, dtype):
+    calls = {r["phase"]: r["time"] for r in rows if r["path"] == "call"}
+    session.print(f"# shm on {session.nranks} ranks, M={count} {dtype.name}: one call "
+                  f"{t_us(calls['shm'])} us, native {t_us(calls['native'])} us "
+                  "(medians of the slowest rank)")
+    phases = [r for r in rows if r["path"] != "call"]
+    cols = [("path", lambda r: r["path"] + (" (used)" if r["used"] else "")),
+            ("phase", lambda r: r["phase"]), ("time(us)", lambda r: t_us(r["time"])),
+            ("share", lambda r: "-" if r["share"] is None else f"{100 * r['share']:.1f}%"),
+            ("#wrong", lambda r: str(r["wrong"]))]
+    session.print(format_table(cols, phases, prefix="# "))
+    for label in dict.fromkeys(r["path"] for r in phases):
+        total = sum(r["time"] for r in phases if r["path"] == label)
+        session.print(f"# {label}: the phases add up to {t_us(total)} us (each phase's "
+                      "slowest rank, so more than one call)")
