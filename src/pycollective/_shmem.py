@@ -281,7 +281,7 @@ class NodeGroup:
         self.mailbox = view["mailbox"]
         self.boards = view["boards"].reshape(2, n, _BOARD_WIDTH)
         self.barrier = FlagBarrier(view["flags"], self.rank, n, progress)
-        self._number, self._step, self._published = -1, 0, 0
+        self._number, self._step, self._published, self._last = -1, 0, 0, 0
         self._unchecked = None  # this call's headers, until a sync checks them
         comm.Barrier()  # every counter is zero before anyone waits on it
 
@@ -298,12 +298,18 @@ class NodeGroup:
         names a rank's bad argument instead of the difference it makes.
         """
         call = _watch.current()
-        number = call.number if call is not None else 0
-        if number != self._number:
-            self._number, self._step = number, 0
-            self._unchecked = self.publish(call) if call is not None else None
+        if call is None:
+            # Outside any call (setting up, profiling): the next target after
+            # the last one, which every rank reaches through the same steps.
+            self._last += 1
+            self.barrier.sync(self._last)
+            return
+        if call.number != self._number:
+            self._number, self._step = call.number, 0
+            self._unchecked = self.publish(call)
         self._step += 1
-        self.barrier.sync((number << 24) + self._step)
+        self._last = (call.number << 24) + self._step
+        self.barrier.sync(self._last)
         if check and self._unchecked is not None:
             rows, self._unchecked = self._unchecked, None
             self.check(call, rows)

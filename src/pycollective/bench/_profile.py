@@ -96,12 +96,13 @@ def pieces(session, seconds):
             (off, None, whole, False),
             ("shm algorithm alone", off, lambda: shm.shm_allreduce(ctx, x, out, kernel), False),
             ("fast-path lookup, out of place", off,
-             lambda: _fastpath.lookup(x, out, MPI.SUM, comm, "shm"), False),
+             lambda: _fastpath.lookup(x, out, MPI.SUM, comm, "shm", _api.DEFAULT), False),
             ("fast-path lookup, in place", off,
-             lambda: _fastpath.lookup(MPI.IN_PLACE, out, MPI.SUM, comm, "shm"), False),
+             lambda: _fastpath.lookup(MPI.IN_PLACE, out, MPI.SUM, comm, "shm", _api.DEFAULT),
+             False),
             ("window region + slot views", off, region, False),
             ("copy-in + kernel", off, copy_and_reduce, False),
-            ("flag barrier", off, node.barrier.sync, False),
+            ("flag barrier", off, node.group.sync, False),
             (on, None, whole, True),
             ("agreement (MAX over ranks)", on, lambda: _agree.agree_max(ctx, values), True),
         ]
@@ -136,7 +137,7 @@ def _window_path(node, src, dst, kernel):
     offset, trailing = node.begin(nbytes)
     slots = node.slots(offset, nbytes, dst.dtype)
     bounds = chunk_bounds(dst.size, node.size)
-    node.comm.Barrier()
+    node.sync()  # a common start
     stamps = [time.perf_counter()]
     copy_in(src, slots[rank], rank, bounds)
     stamps.append(time.perf_counter())
@@ -166,12 +167,10 @@ def _single_copy_path(cross, src, dst, kernel):
     tmp = cross.scratch(n * block * itemsize)
     staged = [tmp[i * block * itemsize:(i + 1) * block * itemsize].view(dst.dtype)
               for i in range(n)]
-    cross.comm.Barrier()
+    cross.group.sync()  # a common start
     t0 = time.perf_counter()
     cross.publish(src, dst)
-    cross.sync()
-    srcs = [int(h[1]) for h in cross.headers]
-    dsts = [int(h[2]) for h in cross.headers]
+    cross.group.sync()
     t1 = time.perf_counter()
     lo, hi = bounds[r], bounds[r + 1]
     reducing = 0.0
@@ -184,20 +183,20 @@ def _single_copy_path(cross, src, dst, kernel):
             else:
                 part = staged[i][:e - b]
                 i += 1
-                cross.read(q, srcs[q] + b * itemsize, part)
+                cross.read(q, cross.SRC, b * itemsize, part)
                 operands.append(part)
         k = time.perf_counter()
         reduce_block(kernel, operands, dst[b:e])
         reducing += time.perf_counter() - k
     t2 = time.perf_counter()
-    cross.sync()
+    cross.group.sync()
     t3 = time.perf_counter()
     for q in range(n):
         qlo, qhi = bounds[q], bounds[q + 1]
         if q != r and qhi > qlo:
-            cross.read(q, dsts[q] + qlo * itemsize, dst[qlo:qhi])
+            cross.read(q, cross.DST, qlo * itemsize, dst[qlo:qhi])
     t4 = time.perf_counter()
-    cross.sync()
+    cross.group.sync()
     t5 = time.perf_counter()
     return [t1 - t0, t2 - t1 - reducing, reducing, t3 - t2, t4 - t3, t5 - t4]
 
