@@ -169,7 +169,7 @@ def _settings_facts(settings: _settings.Settings) -> Facts:
 
 
 def _enter(ctx: Context, what: str, fp: tuple, settings: _settings.Settings,
-           words=None) -> _watch.Call:
+           words=None, tag_offset=None) -> _watch.Call:
     """Take the communicator (bounded) and start a numbered call on it."""
     if ctx.broken is not None:
         raise _watch.broken_error(ctx, what)
@@ -179,7 +179,8 @@ def _enter(ctx: Context, what: str, fp: tuple, settings: _settings.Settings,
             f"{what} on {ctx.label}: another thread's collective on this communicator did "
             f"not finish within {limit:g} s (calls on one communicator are serialised)",
             collective=what, comm=ctx.label)
-    tag_offset = _watch.tag_offset(fp, _tag_ub(ctx)) if fp else 0
+    if tag_offset is None:
+        tag_offset = _watch.tag_offset(fp, _tag_ub(ctx)) if fp else 0
     return _watch.begin(ctx, what, fp, settings, tag_offset, words)
 
 
@@ -317,7 +318,8 @@ def allreduce(sendbuf, recvbuf, op=MPI.SUM, *, comm=None, algorithm: str = "auto
     hit = _fastpath.lookup(sendbuf, recvbuf, op, comm, algorithm, timeout)
     if hit is not None:
         plan, ctx = hit.plan, hit.ctx
-        call = _enter(ctx, "allreduce", plan.fingerprint, plan.settings, plan.words)
+        call = _enter(ctx, "allreduce", plan.fingerprint, plan.settings, plan.words,
+                      plan.tag_offset)
         try:
             if plan.settings.check:
                 values = plan.template.copy()

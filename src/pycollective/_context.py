@@ -27,6 +27,7 @@ attribute of the user's communicator, because setting them must not be a
 collective operation.
 """
 
+import atexit
 import threading
 from typing import Callable, Dict, Generic, Optional, TypeVar
 
@@ -202,21 +203,32 @@ def get_context(comm) -> Context:
     return ctx
 
 
+def duplicate(comm, label, waiting_for):
+    """A private ``Dup`` of ``comm``, waited for with a deadline (collective).
+
+    Raises:
+        CollectiveTimeout: not every rank came within the timeout.
+        CollectiveError: MPI cannot create another communicator.
+    """
+    try:
+        private, request = MPI.Intracomm(comm).Idup()
+    except MPI.Exception as exc:
+        raise CollectiveError(
+            f"pycollective could not create its private duplicate of {label}: MPI has no "
+            f"communicator left ({exc.Get_error_string().strip()}); {len(_LIVE)} communicators "
+            "are in use by pycollective: free the ones you no longer need") from None
+    _watch.waitall([request], waiting_for=waiting_for)
+    return private
+
+
 def _create(comm) -> Context:
     # A plain Intracomm handle: a wrapped pycollective.Comm passed as comm
     # must not route the library's own traffic back through the wrapper.
     plain = MPI.Intracomm(comm)
     label = describe_comm(plain)
     try:
-        private, request = plain.Idup()
-    except MPI.Exception as exc:
-        raise CollectiveError(
-            f"pycollective could not create its private duplicate of {label}: MPI has no "
-            f"communicator left ({exc.Get_error_string().strip()}); {len(_LIVE)} communicators "
-            "are in use by pycollective: free the ones you no longer need") from None
-    try:
-        _watch.waitall([request], waiting_for=f"every rank's first pycollective call on {label}")
-    except CollectiveError as exc:
+        private = duplicate(plain, label, f"every rank's first pycollective call on {label}")
+    except _watch.CollectiveTimeout as exc:
         # Later calls raise at once instead of waiting again.
         broken = Context(MPI.COMM_NULL, label)
         broken.broken = exc
@@ -225,6 +237,20 @@ def _create(comm) -> Context:
     ctx = Context(private, label)
     _LIVE[id(ctx)] = ctx
     return ctx
+
+
+@atexit.register
+def _free_at_exit():
+    # Before MPI_Finalize (mpi4py registered its own exit hook earlier, so it
+    # runs later): shared memory and private communicators left attached to
+    # COMM_WORLD's attributes until Finalize make some network modules fail
+    # there (OFI: "fabricclose failed ... Device or resource busy").
+    if MPI.Is_initialized() and not MPI.Is_finalized():
+        for ctx in reversed(live_contexts()):
+            try:
+                ctx.free()
+            except Exception:  # noqa: BLE001  (exiting: free what can be freed)
+                pass
 
 
 def find_context(comm) -> Optional[Context]:

@@ -42,6 +42,7 @@ class Plan(NamedTuple):
     settings: "_settings.Settings"     # what the call runs with
     fingerprint: tuple                 # the call's fingerprint (side channel, headers)
     words: np.ndarray                  # the fingerprint as header words
+    tag_offset: int                    # added to the algorithm's tags
     epoch: int                         # settings epoch it was resolved in
 
 
@@ -113,4 +114,4 @@ def remember(ctx: Context, algorithm: str, op, timeout, algo: Algorithm, kernel:
     auto = ctx.peek(_auto.KEY) if algorithm == "auto" else None
     memo[(algorithm, key, dst.dtype, dst.size, timeout)] = Plan(
         algo, kernel, template, template.tobytes(), facts, auto, call.settings,
-        call.fingerprint, call.fingerprint_words, _settings.epoch)
+        call.fingerprint, call.fingerprint_words, call.tag_offset, _settings.epoch)

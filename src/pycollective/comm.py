@@ -63,6 +63,7 @@ undefined until the request completes; pycollective itself never writes to
 the send buffer.
 """
 
+import atexit
 import logging
 import operator
 import queue
@@ -75,7 +76,8 @@ from mpi4py import MPI
 from mpi4py.util import dtlib
 
 from ._collectives import algorithms, allreduce
-from ._context import Key, get_context
+from . import _settings
+from ._context import Key, duplicate, get_context, live_contexts
 from ._kernels import SUPPORTED_DTYPES, get_kernel
 from ._ops import predefined_name, resolve_op
 
@@ -537,7 +539,8 @@ class _Engine:
         # order); done on the caller's thread so no MPI object is created racily.
         # ``comm`` is the context's private communicator; the helper gets its
         # own duplicate of it, so its messages never meet blocking calls'.
-        self.comm = comm.Dup()
+        self.comm = duplicate(comm, "the helper of Iallreduce",
+                              "every rank's first Iallreduce on this communicator")
         get_context(self.comm)
         self.queue = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._run, name="pycollective-iallreduce",
@@ -574,15 +577,41 @@ class _Engine:
                 return
             self.run(job)
 
+    def stop(self, limit=None):
+        """Let the queued reductions finish, then stop the thread; True if it stopped."""
+        if self.thread.is_alive():
+            self.queue.put(None)
+            self.thread.join(limit)
+        return not self.thread.is_alive()
+
     def free(self):
-        self.queue.put(None)
-        self.thread.join()
+        self.stop()
         if self.comm != MPI.COMM_NULL:
             self.comm.Free()
+            self.comm = MPI.COMM_NULL
 
 
 _ENGINE = Key("comm.engine")
 _engine_lock = threading.Lock()
+
+
+@atexit.register
+def _drain_at_exit():
+    # Registered after the contexts' exit hook, so it runs before it: the
+    # helpers finish what was queued (the other ranks are exiting too and run
+    # the same reductions) and stop before any communicator is freed.  A
+    # helper still inside MPI when MPI_Finalize runs would crash the process.
+    if not MPI.Is_initialized() or MPI.Is_finalized():
+        return
+    limit = _settings.timeout()
+    for ctx in live_contexts():
+        engine = ctx.peek(_ENGINE)
+        if engine is not None and not engine.stop(limit):
+            sys.stderr.write(f"pycollective: rank {MPI.COMM_WORLD.Get_rank()}: an Iallreduce on "
+                             f"{ctx.label} did not finish within {limit} s at exit; "
+                             "aborting the job\n")
+            sys.stderr.flush()
+            MPI.COMM_WORLD.Abort(1)
 
 
 def _engine_for(comm):

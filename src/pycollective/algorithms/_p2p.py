@@ -22,6 +22,8 @@ own kernels, so the MPI library never needs to know the element type, and
 dtypes it has no datatype for (float16) move like any other.
 """
 
+import threading
+
 from mpi4py import MPI
 
 from .. import _watch
@@ -42,20 +44,42 @@ def tag(base):
     return base + (call.tag_offset if call is not None else 0)
 
 
-def _short(status, nbytes, source):
+def _check(status, nbytes, source):
     got = status.Get_count(BYTE)
-    if got == nbytes:
-        return None
-    return (f"a message from rank {source} brought {got} bytes where {nbytes} were expected: "
-            "the ranks disagree on the count or the dtype")
+    if got != nbytes:
+        call = _watch.current()
+        text = (f"a message from rank {source} brought {got} bytes where {nbytes} were "
+                "expected: the ranks disagree on the count or the dtype")
+        if call is None:
+            raise CollectiveMismatch(text)
+        raise CollectiveMismatch(f"{call.title()}: {text} (seen on rank {call.ctx.rank})",
+                                 collective=call.what, call=call.number, comm=call.ctx.label)
 
 
-def _mismatch(text):
-    call = _watch.current()
-    if call is None:
-        return CollectiveMismatch(text)
-    return CollectiveMismatch(f"{call.title()}: {text} (seen on rank {call.ctx.rank})",
-                              collective=call.what, call=call.number, comm=call.ctx.label)
+_statuses = threading.local()
+
+
+def _status_list(n):
+    """``n`` reusable MPI.Status objects of this thread."""
+    pool = getattr(_statuses, "pool", None)
+    if pool is None or len(pool) < n:
+        pool = _statuses.pool = [MPI.Status() for _ in range(max(n, 8))]
+    return pool[:n]
+
+
+class _From:
+    """What a wait is for, formatted only if a message needs it."""
+
+    __slots__ = ("receives",)
+
+    def __init__(self, receives):
+        self.receives = receives
+
+    def __str__(self):
+        sources = sorted({s for _, s in self.receives})
+        if not sources:
+            return "sends to complete"
+        return f"messages from rank{'s' if len(sources) > 1 else ''} {', '.join(map(str, sources))}"
 
 
 def wait(requests, receives=()):
@@ -68,18 +92,10 @@ def wait(requests, receives=()):
     Raises:
         CollectiveMismatch: a receive brought another number of bytes.
     """
-    statuses = [MPI.Status() for _ in requests] if receives else None
-    _watch.waitall(requests, statuses, waiting_for=_what(receives))
+    statuses = _status_list(len(requests)) if receives else None
+    _watch.waitall(requests, statuses, waiting_for=_From(receives))
     for status, (nbytes, source) in zip(statuses or (), receives):
-        problem = _short(status, nbytes, source)
-        if problem:
-            raise _mismatch(problem)
-
-
-def _what(receives):
-    sources = sorted({s for _, s in receives})
-    return (f"messages from rank{'s' if len(sources) > 1 else ''} "
-            f"{', '.join(map(str, sources))}") if sources else "sends to complete"
+        _check(status, nbytes, source)
 
 
 def irecv(comm, buf, source, base):
@@ -95,16 +111,21 @@ def sendrecv(comm, sbuf, dest, rbuf, source, base):
     """Send ``sbuf`` to ``dest`` while receiving exactly ``rbuf.nbytes`` from ``source``."""
     t = tag(base)
     requests = [comm.Irecv(msg(rbuf), source, t), comm.Isend(msg(sbuf), dest, t)]
-    wait(requests, [(rbuf.nbytes, source)])
+    statuses = _status_list(2)
+    _watch.waitall(requests, statuses, waiting_for=_From(((rbuf.nbytes, source),)))
+    _check(statuses[0], rbuf.nbytes, source)
 
 
 def send(comm, buf, dest, base):
-    wait([comm.Isend(msg(buf), dest, tag(base))])
+    _watch.waitall([comm.Isend(msg(buf), dest, tag(base))], None, waiting_for=_From(()))
 
 
 def recv(comm, buf, source, base):
     """Receive exactly ``buf.nbytes`` from ``source``."""
-    wait([comm.Irecv(msg(buf), source, tag(base))], [(buf.nbytes, source)])
+    statuses = _status_list(1)
+    _watch.waitall([comm.Irecv(msg(buf), source, tag(base))], statuses,
+                   waiting_for=_From(((buf.nbytes, source),)))
+    _check(statuses[0], buf.nbytes, source)
 
 
 TAG_FOLD, TAG_UNFOLD = reserve_tags("fold/unfold (algorithms/_p2p.py)", (91, 92))

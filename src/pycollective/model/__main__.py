@@ -171,7 +171,7 @@ def cmd_calibrate(args, out):
         existing = None
         if os.path.exists(path) and not args.fresh:
             try:
-                existing = load_params(path)
+                existing = load_params(path, keep_measurements=True)
             except ValueError as exc:
                 warnings.warn(f"replacing unreadable calibration: {exc}")
         save_params(merge_calibration(existing, entry), path)

@@ -12,6 +12,8 @@ import bisect
 import json
 import math
 import os
+import stat
+import tempfile
 
 from .. import _env
 
@@ -43,44 +45,115 @@ def default_path():
     return os.path.join(cache, "pycollective", "model.json")
 
 
-def _number(d, key, where):
+# --- reading a file that cannot hurt ----------------------------------------------------
+#
+# The calibration file is read by rank 0 and broadcast before a communicator's
+# first automatic choice, so a bad file must never hang, exhaust or break the
+# library: only a regular file under MAX_FILE_BYTES is read (never a FIFO or
+# a device), parsing errors of any kind (deep nesting included) are caught,
+# and every field the library uses is checked and copied into a fresh dict;
+# anything else in the file is left behind, so only checked values travel.
+
+MAX_FILE_BYTES = 8 << 20
+_MEASUREMENTS = ("nranks", "residual", "exchange", "kernel", "algorithms", "machine", "created",
+                 "version")
+
+
+def _number(d, key, where, required=True):
     v = d.get(key)
-    if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+    if v is None and not required:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
         raise ValueError(f"{where}: {key!r} must be a number >= 0, got {v!r}")
     return float(v)
 
 
-def _check_curve(curve, where):
+def _curve(curve, where):
     ok = isinstance(curve, list) and all(
         isinstance(p, (list, tuple)) and len(p) == 2
-        and all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in p)
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                and v >= 0 for v in p)
         for p in curve)
     if not ok or [p[0] for p in curve] != sorted(p[0] for p in curve):
         raise ValueError(f"{where}: expected [[bytes, value], ...] by increasing size "
-                         "(a calibration from another version? run --calibrate again)")
+                         "(a calibration from another version? run calibrate again)")
+    return [[float(a), float(b)] for a, b in curve]
 
 
-def _validate(data, where):
+def _named(d, key, where, check):
+    """``d[key]`` as a dict of str -> ``check(value)`` (missing: empty)."""
+    v = d.get(key)
+    if v is None:
+        return {}
+    if not isinstance(v, dict) or not all(isinstance(k, str) for k in v):
+        raise ValueError(f"{where}: {key!r} must be an object with string keys")
+    return {k: check(x, f"{where}: {key}[{k}]") for k, x in v.items()}
+
+
+def _clean_entry(data, where):
+    """The fields of one calibration (file top level or one N), checked and copied."""
     if not isinstance(data, dict):
         raise ValueError(f"{where}: expected a JSON object")
-    for key in ("alpha", "beta", "gamma"):
-        _number(data, key, where)
+    out = {key: _number(data, key, where) for key in ("alpha", "beta", "gamma")}
+    overhead = _number(data, "overhead", where, required=False)
+    if overhead is not None:
+        out["overhead"] = overhead
+    out["gamma_by_dtype"] = _named(data, "gamma_by_dtype", where,
+                                   lambda v, w: _number({"value": v}, "value", w))
     if data.get("beta_curve") is not None:
-        _check_curve(data["beta_curve"], f"{where}: beta_curve")
-    for name, curve in (data.get("gamma_curves") or {}).items():
-        _check_curve(curve, f"{where}: gamma_curves[{name}]")
-    for name, curve in (data.get("corrections") or {}).items():
-        _check_curve(curve, f"{where}: corrections[{name}]")
-    by_n = data.get("by_nranks", {})
-    if not isinstance(by_n, dict):
-        raise ValueError(f"{where}: 'by_nranks' must be an object keyed by N")
-    for n, entry in by_n.items():
-        if not str(n).isdigit() or int(n) < 1 or not isinstance(entry, dict):
-            raise ValueError(f"{where}: bad 'by_nranks' entry {n!r}")
-        _validate({k: v for k, v in entry.items() if k != "by_nranks"}, f"{where} [N={n}]")
+        out["beta_curve"] = _curve(data["beta_curve"], f"{where}: beta_curve")
+    out["gamma_curves"] = _named(data, "gamma_curves", where, _curve)
+    out["corrections"] = _named(data, "corrections", where, _curve)
+    return out
 
 
-def load_params(path=None, *, nranks=None):
+def _clean(data, where, keep_measurements=False):
+    """A checked copy of a calibration: what the library uses (and, if asked, the raw data)."""
+    out = _clean_entry(data, where)
+    by_n = data.get("by_nranks")
+    if by_n is not None:
+        if not isinstance(by_n, dict):
+            raise ValueError(f"{where}: 'by_nranks' must be an object keyed by N")
+        out["by_nranks"] = {}
+        for n, entry in by_n.items():
+            if not isinstance(n, str) or not n.isdigit() or int(n) < 1:
+                raise ValueError(f"{where}: bad 'by_nranks' key {n!r}")
+            if not isinstance(entry, dict):
+                raise ValueError(f"{where} [N={n}]: expected a JSON object")
+            clean = _clean_entry(entry, f"{where} [N={n}]")
+            if keep_measurements:
+                clean.update({k: entry[k] for k in _MEASUREMENTS if k in entry})
+            out["by_nranks"][n] = clean
+    if keep_measurements and "version" in data:
+        out["version"] = data["version"]
+    return out
+
+
+def _read(path):
+    """The text of a regular file of at most MAX_FILE_BYTES (never blocks on a FIFO)."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        raise ValueError(f"cannot read calibration {path}: {exc.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"calibration {path} is not a regular file")
+        if info.st_size > MAX_FILE_BYTES:
+            raise ValueError(f"calibration {path} has {info.st_size} bytes, more than a "
+                             f"calibration ever needs ({MAX_FILE_BYTES})")
+        data = os.read(fd, MAX_FILE_BYTES + 1)
+        if len(data) > MAX_FILE_BYTES:
+            raise ValueError(f"calibration {path} grew past {MAX_FILE_BYTES} bytes")
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"calibration {path} is not UTF-8 text") from None
+    finally:
+        os.close(fd)
+
+
+def load_params(path=None, *, nranks=None, keep_measurements=False):
     """Load the calibrated α, β, γ (or the documented :data:`DEFAULTS`).
 
     Args:
@@ -88,6 +161,8 @@ def load_params(path=None, *, nranks=None):
             missing file gives the defaults (``source`` says so).
         nranks: if given, return the parameters for a communicator of this
             size (see :func:`params_for`) instead of the whole file.
+        keep_measurements: also keep each N's raw measurements (for merging
+            a new calibration into the file); the library never needs them.
 
     Returns:
         A dict with at least ``alpha``, ``beta``, ``gamma`` (the values at the
@@ -95,18 +170,21 @@ def load_params(path=None, *, nranks=None):
         ``gamma_by_dtype`` and ``by_nranks`` ({N: {alpha, beta, gamma, ...}}).
 
     Raises:
-        ValueError: for a file that exists but is not a valid calibration.
+        ValueError: for a file that exists but is not a valid calibration:
+            not a regular file, too large, not JSON, or any field of the
+            wrong type or range (the message names it).
     """
     path = default_path() if path is None else os.fspath(path)
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         params = dict(DEFAULTS, source=f"defaults (no calibration at {path})")
     else:
+        text = _read(path)
         try:
-            with open(path) as f:
-                params = json.load(f)
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ValueError(f"cannot read calibration {path}: {exc}") from None
-        _validate(params, path)
+            data = json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            raise ValueError(f"cannot read calibration {path}: {type(exc).__name__}: "
+                             f"{str(exc)[:200]}") from None
+        params = _clean(data, path, keep_measurements)
         params["source"] = path
     return params if nranks is None else params_for(params, nranks)
 
@@ -205,18 +283,31 @@ def params_for(params, nranks):
 def save_params(params, path=None):
     """Write ``params`` as JSON to ``path`` (default :func:`default_path`); return the path.
 
+    The file is written to a new temporary file in the same directory
+    (created exclusively, mode 0600, never through an existing name or link)
+    and renamed over ``path``, so readers never see half a file and a planted
+    link cannot redirect the write.
+
     Raises:
         ValueError: if ``params`` is not a valid calibration.
     """
     path = default_path() if path is None else os.fspath(path)
     data = {k: v for k, v in params.items() if k != "source"}
-    _validate(data, "params")
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)  # readers never see half a file
+    _clean(data, "params")
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".model-", suffix=".json.tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
     return path
 
 
