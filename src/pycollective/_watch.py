@@ -110,7 +110,9 @@ def end(call: Call) -> None:
 # part of it is folded into the message tags of the point-to-point ones, so
 # that messages of ranks that disagree can never match each other.
 
-COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")
+# At most 8 (3 bits of the tag code below); append, never reorder.
+COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "bcast", "reduce", "allgatherv",
+               "reduce_scatterv")
 FIELDS = ("collective", "count", "dtype", "op", "algorithm", "check", "segment_bytes",
           "timeout_ms")
 
@@ -139,13 +141,13 @@ def describe(fp) -> str:
 
     what, count, dtype, op, algo, check, segment, timeout = fp
     name = pick(COLLECTIVES, what, "?")
-    algos = names(name if name == "allreduce" else "allreduce")
+    algos = names(name)
     fields = [f"count={count}"]
     if name == "allgather":
         fields.append(f"itemsize={dtype}")
     else:
         fields += [f"dtype={pick(SUPPORTED_DTYPES, dtype)}", f"op={pick(OPS, op)}"]
-    if name == "allreduce":
+    if algos:
         fields.append(f"algorithm={'auto' if algo == len(algos) else pick(algos, algo)}")
     fields += [f"check={'on' if check else 'off'}", f"segment_bytes={segment}",
                f"timeout={'none' if timeout < 0 else f'{timeout / 1000:g} s'}"]
@@ -160,9 +162,11 @@ def tag_offset(fp, tag_ub) -> int:
     0 when the MPI library's largest tag is too small for it.
     """
     what, _, dtype, op, algo, check = fp[:6]
-    # 2 + 4 + 2 + 1 + 5 bits: with the 8 low bits of the algorithm's tag the
-    # largest tag stays below 2**22 (Open MPI over UCX allows 2**23 - 1).
-    code = ((((what * 16 + max(dtype, 0)) * 4 + max(op, 0)) * 2 + check) * 32 + algo + 1) & 0x3FFF
+    # collective 3 + dtype 4 + op 2 + check 1 + algorithm 5 bits: with the 8
+    # low bits of the algorithm's tag the largest tag is 2**23 - 1, what Open
+    # MPI over UCX allows (MPICH allows 2**29 - 1).
+    code = (((((what * 16 + max(dtype, 0)) * 4 + max(op, 0)) * 2 + check) * 32 + algo + 1)
+            & 0x7FFF)
     offset = code << 8
     return offset if offset + 255 <= tag_ub else 0
 
