@@ -14,14 +14,18 @@ import logging
 from importlib import metadata as _metadata
 
 from ._collectives import (algorithms, allgather, allreduce, reduce_scatter, set_check,
-                           unusable_algorithms, usable_algorithms)
+                           set_timeout, unusable_algorithms, usable_algorithms)
+from ._errors import (CollectiveError, CollectiveMismatch, CollectiveTimeout, CommunicatorBroken,
+                      ConfigurationError, PeerFailed, StallWarning)
 from ._partition import partition
 from .bucketing import GradientBuckets
 from .comm import Comm, Request
 
 __all__ = ["allreduce", "reduce_scatter", "allgather", "algorithms", "usable_algorithms",
-           "unusable_algorithms", "partition", "set_check", "Comm", "Request",
-           "GradientBuckets", "__version__"]
+           "unusable_algorithms", "partition", "set_check", "set_timeout", "Comm", "Request",
+           "GradientBuckets", "CollectiveError", "CollectiveTimeout", "CollectiveMismatch",
+           "PeerFailed", "CommunicatorBroken", "ConfigurationError", "StallWarning",
+           "__version__"]
 
 try:
     __version__ = _metadata.version("pycollective")

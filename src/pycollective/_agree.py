@@ -1,10 +1,10 @@
 """Agreement: one small reduction that makes a bad argument raise on every rank.
 
-Before any data move, every rank contributes its error flag and the facts
-that must be the same everywhere (count, dtype, op, algorithm, ...).  One
-element-wise MAX over ``[error rank, f1, -f1, f2, -f2, ...]`` gives both the
-largest and the smallest value of each fact; they differ iff the ranks
-disagree.  If any rank failed its local checks, that rank's message is
+Before any data move, every rank contributes the call's number, its error
+flag and the facts that must be the same everywhere (count, dtype, op,
+algorithm, ...).  One element-wise MAX over ``[n, -n, error rank, f1, -f1,
+f2, -f2, ...]`` gives both the largest and the smallest value of each; they
+differ iff the ranks disagree.  If any rank failed its local checks, that rank's message is
 broadcast and every rank raises the same exception type; if the ranks
 disagree, every rank raises naming the fact and its range.
 
@@ -24,6 +24,7 @@ from mpi4py import MPI
 
 from . import _watch
 from ._context import Key
+from ._errors import CollectiveMismatch
 from ._shmem import SharedMax, whole_node
 
 __all__ = ["Facts", "agree", "fact_values", "agree_max", "verdict", "MAX_FACTS"]
@@ -31,7 +32,7 @@ __all__ = ["Facts", "agree", "fact_values", "agree_max", "verdict", "MAX_FACTS"]
 #: ``((label, int value), ...)``: what every rank must share for one call.
 Facts = Sequence[Tuple[str, int]]
 
-MAX_FACTS = 7  # every rank sends the same-length vector, error or not
+MAX_FACTS = 10  # every rank sends the same-length vector, error or not
 _ERRORS = {"TypeError": TypeError, "ValueError": ValueError}
 _BOARD = Key("agree.board")
 
@@ -57,28 +58,48 @@ def agree_max(ctx, values: np.ndarray) -> None:
     ctx.cached(_BOARD, _board).max(values)
 
 
-def fact_values(rank: int, error: Optional[BaseException], facts: Optional[Facts]) -> np.ndarray:
-    """This rank's contribution to the agreement MAX."""
-    values = np.full(1 + 2 * MAX_FACTS, np.iinfo(np.int64).min, np.int64)
-    values[0] = rank if error is not None else -1
+def fact_values(rank: int, error: Optional[BaseException], facts: Optional[Facts],
+                number: int = 0) -> np.ndarray:
+    """This rank's contribution to the agreement MAX.
+
+    ``[number, -number, error rank or -1, f1, -f1, f2, -f2, ...]``: the
+    call's number (on its communicator) comes first, so that a rank that is
+    not in this call's agreement -- its agreement step off, or in another
+    call -- shows as a disagreement on the call instead of stale facts.
+    """
+    values = np.full(3 + 2 * MAX_FACTS, np.iinfo(np.int64).min, np.int64)
+    values[0], values[1] = number, -number
+    values[2] = rank if error is not None else -1
     if error is None:
         for i, (_, v) in enumerate(facts):
-            values[1 + 2 * i], values[2 + 2 * i] = v, -v
+            values[3 + 2 * i], values[4 + 2 * i] = v, -v
     return values
 
 
 def verdict(ctx, what: str, error: Optional[BaseException], facts: Optional[Facts],
             values: np.ndarray) -> None:
     """Raise (the same on every rank) what the reduced ``values`` say is wrong."""
-    bad = int(values[0])
+    if values[0] != -values[1]:
+        call = _watch.current()
+        exc = CollectiveMismatch(
+            f"{what} call #{call.number if call else '?'} on {ctx.label}: not every rank is in "
+            f"this call's agreement step (call numbers from {-values[1]} to {values[0]} across "
+            "ranks): a rank has the agreement off (set_check / PYCOLLECTIVE_CHECK) or skipped "
+            "or added a call", collective=what, comm=ctx.label)
+        if call is not None:
+            raise _watch.fail(call, exc)
+        raise exc
+    bad = int(values[2])
     if bad >= 0:
+        # Every rank is in this agreement (the call numbers agree), so the
+        # bad rank takes part in this broadcast of its message.
         info = (type(error).__name__, str(error)) if error is not None else None
         kind, text = ctx.comm.bcast(info, root=bad)
         if error is not None:
             raise error
         raise _ERRORS.get(kind, ValueError)(f"{what}: invalid arguments on rank {bad}: {text}")
     for i, (label, _) in enumerate(facts):
-        hi, lo = values[1 + 2 * i], -values[2 + 2 * i]
+        hi, lo = values[3 + 2 * i], -values[4 + 2 * i]
         if hi != lo:
             raise ValueError(f"{what}: ranks disagree on {label} "
                              f"(values from {lo} to {hi} across ranks)")
@@ -90,6 +111,7 @@ def agree(ctx, what: str, error: Optional[BaseException], facts: Optional[Facts]
     ``facts`` is a tuple of at most :data:`MAX_FACTS` (label, int) pairs
     that every rank must share (None on a rank with an error).
     """
-    values = fact_values(ctx.rank, error, facts)
+    call = _watch.current()
+    values = fact_values(ctx.rank, error, facts, call.number if call is not None else 0)
     agree_max(ctx, values)
     verdict(ctx, what, error, facts, values)

@@ -62,9 +62,20 @@ class Key(Generic[T]):
 
 
 def describe_comm(comm) -> str:
-    """``MPI_COMM_WORLD (4 ranks)`` or ``communicator 0x84000002 (4 ranks)``."""
-    name = comm.Get_name() or f"communicator {MPI._handleof(comm):#x}"
-    return f"{name} ({comm.Get_size()} ranks)"
+    """``MPI_COMM_WORLD (4 ranks)``, or for an unnamed one its size and this rank's handle.
+
+    MPI handles are local to a process, so the handle is qualified by the
+    rank it is from (messages travel between ranks); ``comm.Set_name``
+    gives a communicator a name every rank shares.
+    """
+    name = comm.Get_name()
+    if name:
+        return f"{name} ({comm.Get_size()} ranks)"
+    handle = MPI._handleof(comm)
+    if handle >> 32 == 0xFFFFFFFF:  # a 32-bit handle (MPICH) widened with its sign
+        handle &= 0xFFFFFFFF
+    return (f"an unnamed communicator of {comm.Get_size()} ranks (handle {handle:#x} on "
+            f"rank {comm.Get_rank()})")
 
 
 class Context:

@@ -35,8 +35,7 @@ class Plan(NamedTuple):
 
     algo: Algorithm
     kernel: Callable
-    template: np.ndarray               # this rank's agreement vector
-    agreed: bytes                      # the reduced vector when all ranks agree
+    template: np.ndarray               # this rank's agreement vector (the call number apart)
     facts: Facts
     auto: Optional["_auto.AutoState"]  # the state that chose ``algo``; None if named
     settings: "_settings.Settings"     # what the call runs with
@@ -110,8 +109,8 @@ def remember(ctx: Context, algorithm: str, op, timeout, algo: Algorithm, kernel:
     memo = ctx.peek(_MEMO)
     if memo is None or len(memo) >= _LIMIT:
         memo = ctx.put(_MEMO, {})
-    template = fact_values(ctx.rank, None, facts)
+    template = fact_values(ctx.rank, None, facts, 0)  # words 0-1: each call writes its number
     auto = ctx.peek(_auto.KEY) if algorithm == "auto" else None
     memo[(algorithm, key, dst.dtype, dst.size, timeout)] = Plan(
-        algo, kernel, template, template.tobytes(), facts, auto, call.settings,
+        algo, kernel, template, facts, auto, call.settings,
         call.fingerprint, call.fingerprint_words, call.tag_offset, _settings.epoch)

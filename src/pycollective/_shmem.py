@@ -55,7 +55,7 @@ FP_WORDS = 16                # a header: call number, fingerprint (9 words), pad
 _CMA_WORDS = 8               # per rank: pid, src address, dst address, nbytes
 _OK_WORDS = 8                # per rank: "I mapped the new segment"
 _MAIL_WORDS = 64             # rank 0's mailbox (pickled, for segment exchange)
-_BOARD_WIDTH = 16            # int64 per agreement row
+_BOARD_WIDTH = 24            # int64 per agreement row (3 + 2 facts x 10, padded)
 
 
 def node_comm(comm):

@@ -44,16 +44,35 @@ def tag(base):
     return base + (call.tag_offset if call is not None else 0)
 
 
+def _mismatch(text):
+    call = _watch.current()
+    if call is None:
+        return CollectiveMismatch(text)
+    return CollectiveMismatch(f"{call.title()}: {text} (seen on rank {call.ctx.rank})",
+                              collective=call.what, call=call.number, comm=call.ctx.label)
+
+
 def _check(status, nbytes, source):
     got = status.Get_count(BYTE)
     if got != nbytes:
-        call = _watch.current()
-        text = (f"a message from rank {source} brought {got} bytes where {nbytes} were "
-                "expected: the ranks disagree on the count or the dtype")
-        if call is None:
-            raise CollectiveMismatch(text)
-        raise CollectiveMismatch(f"{call.title()}: {text} (seen on rank {call.ctx.rank})",
-                                 collective=call.what, call=call.number, comm=call.ctx.label)
+        raise _mismatch(f"a message from rank {source} brought {got} bytes where {nbytes} "
+                        "were expected: the ranks disagree on the count or the dtype")
+
+
+def _waitall(requests, statuses, receives):
+    """``_watch.waitall``; a message longer than its buffer becomes a clear mismatch."""
+    try:
+        _watch.waitall(requests, statuses, waiting_for=_From(receives))
+    except MPI.Exception as exc:
+        for status, (nbytes, source) in zip(statuses or (), receives):
+            if MPI.Get_error_class(status.Get_error()) == MPI.ERR_TRUNCATE:
+                raise _mismatch(f"a message from rank {source} was longer than the {nbytes} "
+                                "bytes expected: the ranks disagree on the count or the "
+                                "dtype") from exc
+        if exc.Get_error_class() == MPI.ERR_TRUNCATE:
+            raise _mismatch("a message was longer than the buffer posted for it: the ranks "
+                            "disagree on the count or the dtype") from exc
+        raise
 
 
 _statuses = threading.local()
@@ -93,7 +112,7 @@ def wait(requests, receives=()):
         CollectiveMismatch: a receive brought another number of bytes.
     """
     statuses = _status_list(len(requests)) if receives else None
-    _watch.waitall(requests, statuses, waiting_for=_From(receives))
+    _waitall(requests, statuses, receives)
     for status, (nbytes, source) in zip(statuses or (), receives):
         _check(status, nbytes, source)
 
@@ -112,19 +131,18 @@ def sendrecv(comm, sbuf, dest, rbuf, source, base):
     t = tag(base)
     requests = [comm.Irecv(msg(rbuf), source, t), comm.Isend(msg(sbuf), dest, t)]
     statuses = _status_list(2)
-    _watch.waitall(requests, statuses, waiting_for=_From(((rbuf.nbytes, source),)))
+    _waitall(requests, statuses, ((rbuf.nbytes, source),))
     _check(statuses[0], rbuf.nbytes, source)
 
 
 def send(comm, buf, dest, base):
-    _watch.waitall([comm.Isend(msg(buf), dest, tag(base))], None, waiting_for=_From(()))
+    _waitall([comm.Isend(msg(buf), dest, tag(base))], None, ())
 
 
 def recv(comm, buf, source, base):
     """Receive exactly ``buf.nbytes`` from ``source``."""
     statuses = _status_list(1)
-    _watch.waitall([comm.Irecv(msg(buf), source, tag(base))], statuses,
-                   waiting_for=_From(((buf.nbytes, source),)))
+    _waitall([comm.Irecv(msg(buf), source, tag(base))], statuses, ((buf.nbytes, source),))
     _check(statuses[0], buf.nbytes, source)
 
 

@@ -1,0 +1,280 @@
+"""Fault scenarios, run on several ranks by tests/test_faults.py through scripts/run_mpi.sh.
+
+    scenarios.py DIR SCENARIO [ARG...]
+
+Every rank writes its PID to DIR/pid.<rank> first (the test checks that no
+process of the job remains) and reports what it saw as single-write lines
+
+    RESULT <rank> <label> <outcome> <text>
+
+where outcome is ``ok``, ``wrong`` or an exception class name.  The test
+parses those lines; nothing here asserts, so one rank's surprise cannot hang
+the others.
+"""
+
+import os
+import signal
+import sys
+import threading
+import time
+import warnings
+
+import numpy as np
+from mpi4py import MPI
+
+import pycollective
+
+WORLD = MPI.COMM_WORLD
+RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
+TIMEOUT = 3.0  # every scenario's collective timeout, seconds
+
+
+def report(label, outcome, text=""):
+    line = f"RESULT {RANK} {label} {outcome} {' '.join(str(text).split())}\n"
+    os.write(1, line.encode())
+
+
+def data(rank, count, dtype="float32"):
+    """Exact small integers: any reduction order gives the same bits."""
+    return ((np.arange(count) * 7 + rank * 13) % 101).astype(dtype)
+
+
+def expected(count, dtype="float32", nranks=SIZE):
+    return sum(data(q, count, "int64") for q in range(nranks)).astype(dtype)
+
+
+def attempt(label, fn, want=None):
+    """Run ``fn``; report ok/wrong or the exception; never raise."""
+    try:
+        got = fn()
+    except Exception as exc:  # noqa: BLE001  (reporting is the point)
+        report(label, type(exc).__name__, exc)
+        return exc
+    if want is not None and not np.array_equal(np.asarray(got), want):
+        report(label, "wrong", f"{int(np.count_nonzero(np.asarray(got) != want))} elements")
+    else:
+        report(label, "ok")
+    return None
+
+
+def fresh():
+    """A new communicator for each sub-scenario (a failure breaks the one it happens on).
+
+    One good call first, so the library's private side of it exists and the
+    fault happens inside a call, where the side channel can name ranks.
+    """
+    comm = WORLD.Dup()
+    pycollective.set_timeout(TIMEOUT, comm=comm)
+    warm = data(RANK, 3)
+    pycollective.allreduce(warm, np.empty_like(warm), comm=comm, algorithm="ring")
+    return comm
+
+
+# --- a rank that stops, dies or skips ----------------------------------------------------
+
+def stop(algorithms, victim="2"):
+    """The victim stops itself (SIGSTOP) before the call; the others must time out naming it.
+
+    Then rank 0 wakes it (SIGCONT): it enters the call, hears that the call
+    failed, and raises too.  Every algorithm in turn, each on a new communicator.
+    """
+    victim = int(victim)
+    pids = WORLD.allgather(os.getpid())
+    for algo in algorithms.split(","):
+        comm = fresh()
+        x = data(RANK, 1000)
+        WORLD.Barrier()
+        if RANK == victim:
+            os.kill(os.getpid(), signal.SIGSTOP)  # rank 0 continues us below
+        t0 = time.monotonic()
+        attempt(f"stop:{algo}", lambda: pycollective.allreduce(x, np.empty_like(x), comm=comm,
+                                                               algorithm=algo))
+        if RANK != victim:
+            report(f"stop:{algo}:seconds", "ok", f"{time.monotonic() - t0:.1f}")
+        if RANK == 0:
+            time.sleep(0.5)
+            os.kill(pids[victim], signal.SIGCONT)
+        WORLD.Barrier()
+        attempt(f"stop:{algo}:again", lambda: pycollective.allreduce(
+            x, np.empty_like(x), comm=comm, algorithm=algo))
+
+
+def stop_during(algo, victim="2"):
+    """The victim is stopped from a thread while it is inside a loop of calls."""
+    victim = int(victim)
+    pids = WORLD.allgather(os.getpid())
+    comm = fresh()
+    x = data(RANK, 200_000)
+    out = np.empty_like(x)
+    if RANK == victim:
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGSTOP)).start()
+    deadline = time.monotonic() + 30
+    error = None
+    while error is None and time.monotonic() < deadline:
+        error = attempt(f"during:{algo}", lambda: pycollective.allreduce(
+            x, out, comm=comm, algorithm=algo), expected(x.size))
+    if RANK == 0:
+        time.sleep(0.5)
+        os.kill(pids[victim], signal.SIGCONT)
+
+
+def kill_during(algo, victim="2"):
+    """The victim dies (SIGKILL) inside a loop of calls: the job must end, nothing left."""
+    victim = int(victim)
+    comm = fresh()
+    x = data(RANK, 200_000)
+    out = np.empty_like(x)
+    if RANK == victim:
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if attempt(f"kill:{algo}", lambda: pycollective.allreduce(
+                x, out, comm=comm, algorithm=algo), expected(x.size)):
+            break
+
+
+def skip(algorithms, victim="2"):
+    """The victim calls Barrier on the user's communicator instead of the collective."""
+    victim = int(victim)
+    for algo in algorithms.split(","):
+        comm = fresh()
+        x = data(RANK, 1000)
+        if RANK == victim:
+            request = comm.Ibarrier()  # the user's own collective, not ours
+            t0 = time.monotonic()
+            while not request.Test() and time.monotonic() - t0 < TIMEOUT + 3:
+                time.sleep(0.01)
+            report(f"skip:{algo}", "skipped", "")
+        else:
+            attempt(f"skip:{algo}", lambda: pycollective.allreduce(
+                x, np.empty_like(x), comm=comm, algorithm=algo))
+        WORLD.Barrier()
+
+
+# --- ranks that disagree -------------------------------------------------------------------
+
+def mismatch(kind, check, algorithms):
+    """Rank 1 differs in ``kind`` (count, dtype, op); the agreement step ``check`` on or off."""
+    pycollective.set_check(check == "on")
+    for algo in algorithms.split(","):
+        comm = fresh()
+        count, dtype, op = 1000, "float32", MPI.SUM
+        if RANK == 1:
+            if kind == "count":
+                count = 500
+            elif kind == "dtype":
+                dtype = "int32"  # the same itemsize: only the fingerprint tells
+            elif kind == "op":
+                op = MPI.MAX
+        x = data(RANK, count, dtype)
+        t0 = time.monotonic()
+        attempt(f"mismatch-{kind}-{check}:{algo}", lambda: pycollective.allreduce(
+            x, np.empty_like(x), op, comm=comm, algorithm=algo))
+        report(f"mismatch-{kind}-{check}:{algo}:seconds", "ok", f"{time.monotonic() - t0:.1f}")
+        WORLD.Barrier()
+
+
+def mixed_check(algorithms):
+    """Rank 1 runs with the agreement step off, the others with it on."""
+    for algo in algorithms.split(","):
+        comm = fresh()
+        pycollective.set_check(RANK != 1)
+        x = data(RANK, 1000)
+        attempt(f"mixed-check:{algo}", lambda: pycollective.allreduce(
+            x, np.empty_like(x), comm=comm, algorithm=algo))
+        pycollective.set_check(True)
+        WORLD.Barrier()
+
+
+# --- misuse --------------------------------------------------------------------------------
+
+def threads(algorithms, calls="60", shapes="same", check="on"):
+    """Two threads call collectives on one communicator at once.
+
+    With ``shapes=same`` every call has the same shape and data, so however
+    the calls of different ranks pair up, every result must be right.  With
+    ``shapes=differ`` the threads' calls differ: pairings that mix them must
+    raise, never return wrong data or crash.
+    """
+    calls = int(calls)
+    pycollective.set_check(check == "on")
+    for algo in algorithms.split(","):
+        comm = WORLD.Dup()
+        pycollective.set_timeout(TIMEOUT, comm=comm)
+        wrong, errors = [0], []
+
+        def work(seed):
+            for i in range(calls):
+                count = 2000 if shapes == "same" else 2000 + seed
+                x = data(RANK, count)
+                try:
+                    out = pycollective.allreduce(x, np.empty_like(x), comm=comm, algorithm=algo)
+                except Exception as exc:  # noqa: BLE001
+                    errors.append(f"{type(exc).__name__}: {exc}")
+                    return
+                if not np.array_equal(out, expected(count)):
+                    wrong[0] += 1
+
+        pool = [threading.Thread(target=work, args=(s,)) for s in range(2)]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+        outcome = "wrong" if wrong[0] else (errors[0].split(":")[0] if errors else "ok")
+        report(f"threads:{algo}", outcome, f"{wrong[0]} wrong of {2 * calls}; {errors[:1]}")
+        comm.Free()
+
+
+def inflight():
+    """Exit with Iallreduce requests that were never waited for."""
+    comm = pycollective.Comm(WORLD)
+    x = data(RANK, 1_000_000)
+    keep = [comm.Iallreduce(MPI.IN_PLACE, x.copy()) for _ in range(4)]
+    report("inflight", "ok", f"{len(keep)} requests left in flight")
+
+
+def many_comms(count="500"):
+    """Hundreds of live communicators that pycollective has used."""
+    comms, wrong = [], 0
+    x = data(RANK, 100)
+    try:
+        for i in range(int(count)):
+            comm = WORLD.Dup()
+            comms.append(comm)
+            out = pycollective.allreduce(x, np.empty_like(x), comm=comm)
+            wrong += not np.array_equal(out, expected(100))
+    except Exception as exc:  # noqa: BLE001
+        report("many-comms", type(exc).__name__, f"after {len(comms)}: {exc}")
+    else:
+        report("many-comms", "wrong" if wrong else "ok", f"{len(comms)} communicators")
+    for comm in comms:
+        comm.Free()
+
+
+def calibration(kind, algorithm="auto"):
+    """A hostile calibration file (PYCOLLECTIVE_MODEL, set by the test): the collective works.
+
+    With ``auto``, rank 0 warns once and the defaults are used; a named
+    algorithm never reads the file.
+    """
+    x = data(RANK, 1000)
+    comm = WORLD.Dup()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        attempt(f"calibration-{kind}:{algorithm}", lambda: pycollective.allreduce(
+            x, np.empty_like(x), comm=comm, algorithm=algorithm), expected(1000))
+    mine = [str(w.message) for w in caught if "calibration" in str(w.message)]
+    report(f"calibration-{kind}:{algorithm}:warnings", "ok", f"{len(mine)} {mine[:1]}")
+
+
+def main():
+    folder, scenario, *args = sys.argv[1:]
+    with open(os.path.join(folder, f"pid.{RANK}"), "w") as f:
+        f.write(str(os.getpid()))
+    pycollective.set_timeout(TIMEOUT)
+    globals()[scenario.replace("-", "_")](*args)
+    os.write(1, f"DONE {RANK}\n".encode())
+
+
+if __name__ == "__main__":
+    main()

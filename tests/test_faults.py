@@ -1,0 +1,248 @@
+"""Fault injection: stalled, dead, absent and disagreeing ranks, misuse, hostile files.
+
+Each test launches a small job (``tests/faults/scenarios.py``) through the
+project's launcher with a 3 s collective timeout and checks, from the lines
+every rank prints, that every surviving rank raised the documented error
+naming the ranks concerned, within a bounded time; and afterwards that no
+process of the job remains and nothing the job created is left in /dev/shm.
+The launcher being stopped from outside is covered by test_run_mpi.py.
+docs/troubleshooting.md shows these errors as users see them.
+"""
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIOS = ROOT / "tests" / "faults" / "scenarios.py"
+P2P = ["ring", "tree", "butterfly", "ps", "naive", "ring_pipelined", "rabenseifner"]
+ALL = P2P + ["shm", "hierarchical"]
+LINE = re.compile(r"^RESULT (\d+) (\S+) (\S+) ?(.*)$")
+
+
+def _shm_entries():
+    try:
+        return {e.name: e.stat().st_mtime for e in os.scandir("/dev/shm")}
+    except OSError:
+        return {}
+
+
+def _held(path):
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == path:
+                    return True
+            with open(f"/proc/{pid}/maps") as maps:
+                if any(path in line for line in maps):
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def launch(tmp_path, nranks, *args, env=None, limit=120):
+    """Run a scenario; return ``(status, {rank: [(label, outcome, text)]}, output, seconds)``."""
+    before, start = _shm_entries(), time.time()
+    environ = dict(os.environ, PYTHON=sys.executable, PYCOLLECTIVE_TIMEOUT=str(limit),
+                   **(env or {}))
+    t0 = time.monotonic()
+    proc = subprocess.run([str(ROOT / "scripts" / "run_mpi.sh"), str(nranks), str(SCENARIOS),
+                           str(tmp_path), *args], env=environ, capture_output=True, text=True,
+                          timeout=limit + 60)
+    seconds = time.monotonic() - t0
+    output = proc.stdout + proc.stderr
+    results = {}
+    for line in proc.stdout.splitlines():
+        found = LINE.match(line.strip())
+        if found:
+            rank, label, outcome, text = found.groups()
+            results.setdefault(int(rank), []).append((label, outcome, text))
+    # No process of the job survives the launcher ...
+    for pidfile in tmp_path.glob("pid.*"):
+        pid = int(pidfile.read_text())
+        alive = os.path.exists(f"/proc/{pid}") and "zombie" not in Path(
+            f"/proc/{pid}/status").read_text().lower()
+        assert not alive, f"rank process {pid} is still alive after the launcher returned"
+    # ... and nothing it created stays in /dev/shm (another job's live segment is held).
+    left = [name for name, mtime in _shm_entries().items()
+            if name not in before and mtime >= start - 1 and not _held(f"/dev/shm/{name}")]
+    assert not left, f"left in /dev/shm: {left}"
+    return proc.returncode, results, output, seconds
+
+
+def outcomes(results, label):
+    """{rank: (outcome, text)} of one label."""
+    return {rank: (o, t) for rank, lines in results.items() for lab, o, t in lines if lab == label}
+
+
+def seconds_of(results, label):
+    return max(float(t) for rank, lines in results.items() for lab, o, t in lines
+               if lab == label + ":seconds")
+
+
+# --- a rank that stops, dies or is elsewhere ---------------------------------------------
+
+def test_a_stopped_rank_is_named_by_every_other_rank(tmp_path):
+    algorithms = ["ring", "tree", "shm", "hierarchical", "rabenseifner"]
+    status, results, output, _ = launch(tmp_path, 4, "stop", ",".join(algorithms))
+    assert status == 0, output[-3000:]
+    for algo in algorithms:
+        got = outcomes(results, f"stop:{algo}")
+        assert set(got) == {0, 1, 2, 3}, (algo, output[-3000:])
+        for rank, (outcome, text) in got.items():
+            assert outcome == "CollectiveTimeout", (algo, rank, text)
+            assert "ranks [2] did not arrive" in text and "allreduce call #2" in text, text
+        assert seconds_of(results, f"stop:{algo}") < 3.0 + 5, algo
+        # afterwards the communicator is marked broken: later calls raise at once
+        again = outcomes(results, f"stop:{algo}:again")
+        assert {o for o, _ in again.values()} == {"CommunicatorBroken"}, again
+
+
+def test_a_rank_stopped_inside_a_call(tmp_path):
+    status, results, output, _ = launch(tmp_path, 4, "stop_during", "ring")
+    assert status == 0, output[-3000:]
+    last = {rank: lines[-1] for rank, lines in results.items()}
+    assert set(last) == {0, 1, 2, 3}, output[-3000:]
+    for rank, (label, outcome, text) in last.items():
+        assert outcome == "CollectiveTimeout" and "ranks [2] did not arrive" in text, text
+    assert not any(o == "wrong" for lines in results.values() for _, o, _ in lines)
+
+
+def test_a_killed_rank_ends_the_job(tmp_path):
+    status, results, output, seconds = launch(tmp_path, 4, "kill_during", "ring")
+    assert status != 0 and seconds < 30, output[-3000:]
+    assert not any(o == "wrong" for lines in results.values() for _, o, _ in lines)
+
+
+def test_a_rank_that_skips_the_call_is_named(tmp_path):
+    status, results, output, _ = launch(tmp_path, 4, "skip", "ring,shm")
+    assert status == 0, output[-3000:]
+    for algo in ("ring", "shm"):
+        got = outcomes(results, f"skip:{algo}")
+        assert got[2][0] == "skipped"
+        for rank in (0, 1, 3):
+            outcome, text = got[rank]
+            assert outcome == "CollectiveTimeout" and "ranks [2] did not arrive" in text, text
+
+
+# --- ranks that disagree -------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["count", "dtype", "op"])
+def test_disagreement_with_the_check_on_raises_before_data_move(tmp_path, kind):
+    status, results, output, _ = launch(tmp_path, 4, "mismatch", kind, "on", "ring,shm,tree")
+    assert status == 0, output[-3000:]
+    for algo in ("ring", "shm", "tree"):
+        got = outcomes(results, f"mismatch-{kind}-on:{algo}")
+        assert set(got) == {0, 1, 2, 3}, output[-3000:]
+        for outcome, text in got.values():
+            assert outcome in ("ValueError", "TypeError") and "disagree" in text, text
+        assert seconds_of(results, f"mismatch-{kind}-on:{algo}") < 2.0
+
+
+@pytest.mark.parametrize("kind", ["count", "dtype", "op"])
+def test_disagreement_with_the_check_off_raises_everywhere_never_wrong_data(tmp_path, kind):
+    status, results, output, _ = launch(tmp_path, 4, "mismatch", kind, "off", ",".join(ALL))
+    assert status == 0, output[-3000:]
+    for algo in ALL:
+        got = outcomes(results, f"mismatch-{kind}-off:{algo}")
+        assert set(got) == {0, 1, 2, 3}, (algo, output[-3000:])
+        for rank, (outcome, text) in got.items():
+            assert outcome in ("CollectiveMismatch", "PeerFailed"), (algo, rank, text)
+            assert re.search(r"\brank \d", text) and re.search(
+                r"disagree|different", text), (algo, rank, text)
+        # found by message sizes and headers at once, by the roll call within ~1 s
+        assert seconds_of(results, f"mismatch-{kind}-off:{algo}") < 2.9, algo
+
+
+def test_a_rank_with_the_check_off_among_ranks_with_it_on(tmp_path):
+    status, results, output, _ = launch(tmp_path, 4, "mixed_check", "ring,shm,tree")
+    assert status == 0, output[-3000:]
+    for algo in ("ring", "shm", "tree"):
+        got = outcomes(results, f"mixed-check:{algo}")
+        assert set(got) == {0, 1, 2, 3}
+        for rank, (outcome, text) in got.items():
+            assert outcome == "CollectiveMismatch", (algo, rank, text)
+            assert "check=off" in text or "agreement off" in text, text
+
+
+# --- misuse ----------------------------------------------------------------------------------
+
+def test_two_threads_on_one_communicator_are_serialised(tmp_path):
+    status, results, output, _ = launch(tmp_path, 4, "threads", "ring,shm,tree", "60", "same")
+    assert status == 0, output[-3000:]
+    for algo in ("ring", "shm", "tree"):
+        got = outcomes(results, f"threads:{algo}")
+        assert {o for o, _ in got.values()} == {"ok"}, got
+
+
+@pytest.mark.parametrize("check", ["on", "off"])
+def test_two_threads_with_different_calls_raise_never_wrong_data(tmp_path, check):
+    status, results, output, _ = launch(tmp_path, 4, "threads", "ring,shm", "20", "differ",
+                                        check)
+    assert status == 0, output[-3000:]
+    for algo in ("ring", "shm"):
+        got = outcomes(results, f"threads:{algo}")
+        assert set(got) == {0, 1, 2, 3}
+        for outcome, text in got.values():
+            assert outcome != "wrong" and text.startswith("0 wrong"), text
+
+
+def test_exit_with_requests_in_flight_is_clean(tmp_path):
+    for _ in range(3):
+        status, results, output, _ = launch(tmp_path, 4, "inflight")
+        assert status == 0 and len(outcomes(results, "inflight")) == 4, output[-3000:]
+        assert not re.search(r"segmentation|signal 11|core dumped", output, re.I)
+
+
+def test_hundreds_of_live_communicators(tmp_path):
+    status, results, output, _ = launch(tmp_path, 2, "many_comms", "500")
+    assert status == 0, output[-3000:]
+    assert {o for o, _ in outcomes(results, "many-comms").values()} == {"ok"}, output[-3000:]
+
+
+# --- a calibration file that cannot hurt ------------------------------------------------------
+
+def _hostile(kind, folder):
+    path = folder / f"model-{kind}.json"
+    if kind == "nested":
+        path.write_text("[" * 200_000 + "]" * 200_000)
+    elif kind == "wrong-type":
+        path.write_text('{"alpha": 1e-6, "beta": 1e-9, "gamma": 0, '
+                        '"gamma_by_dtype": {"float32": "fast"}}')
+    elif kind == "huge":
+        with open(path, "wb") as f:
+            f.truncate(150 << 20)  # sparse: 150 MB that cost no disk
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "device":
+        return "/dev/zero"
+    return str(path)
+
+
+@pytest.mark.parametrize("kind", ["nested", "wrong-type", "huge", "fifo", "device"])
+def test_a_hostile_calibration_file_gives_defaults_and_one_warning(tmp_path, kind):
+    data = tmp_path / "data"
+    data.mkdir()
+    model = _hostile(kind, data)
+    status, results, output, seconds = launch(tmp_path, 2, "calibration", kind, "auto",
+                                              env={"PYCOLLECTIVE_MODEL": model})
+    assert status == 0 and seconds < 30, output[-3000:]
+    assert {o for o, _ in outcomes(results, f"calibration-{kind}:auto").values()} == {"ok"}
+    warned = outcomes(results, f"calibration-{kind}:auto:warnings")
+    assert warned[0][1].startswith("1 ") and warned[1][1].startswith("0 "), warned
+
+
+def test_a_named_algorithm_never_reads_the_calibration(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    status, results, output, _ = launch(tmp_path, 2, "calibration", "fifo", "ring",
+                                        env={"PYCOLLECTIVE_MODEL": _hostile("fifo", data)})
+    assert status == 0, output[-3000:]
+    assert {o for o, _ in outcomes(results, "calibration-fifo:ring").values()} == {"ok"}
+    assert {t for _, t in outcomes(results, "calibration-fifo:ring:warnings").values()} == {"0 []"}
