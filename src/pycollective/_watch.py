@@ -31,6 +31,7 @@ huge collective that keeps moving is never cut short.
 """
 
 import os
+import sys
 import threading
 import time
 import warnings
@@ -298,6 +299,15 @@ def _elsewhere(call: Call) -> str:
     return ("; " + "; ".join(parts)) if parts else ""
 
 
+def _caller_level():
+    """The ``stacklevel`` that points a warning at the first frame outside the package."""
+    level, frame = 1, sys._getframe(1)
+    package = os.path.dirname(__file__)
+    while frame is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 class Waiter:
     """The clock and side channel of one wait; :meth:`pause` between polls.
 
@@ -353,7 +363,7 @@ class Waiter:
             warnings.warn(StallWarning(
                 f"{call.title()}: rank {ctx.rank} has waited {elapsed:.0f} s for "
                 f"{self.waiting_for}; no word from ranks {late}{_elsewhere(call)}; still "
-                f"waiting (timeout: {self._timeout_text()})"), stacklevel=4)
+                f"waiting (timeout: {self._timeout_text()})"), stacklevel=_caller_level())
 
     def _timeout_text(self):
         return "none" if self.timeout is None else f"{self.timeout:g} s"
