@@ -267,12 +267,23 @@ def calibration(kind, algorithm="auto"):
     report(f"calibration-{kind}:{algorithm}:warnings", "ok", f"{len(mine)} {mine[:1]}")
 
 
+def note_shared_memory(folder):
+    """Append the /dev/shm files this process maps (the test checks they are gone after)."""
+    with open("/proc/self/maps") as maps:
+        names = {line.split()[-1] for line in maps if "/dev/shm/" in line}
+    with open(os.path.join(folder, f"shm.{RANK}"), "a") as f:
+        f.writelines(name.replace(" (deleted)", "") + "\n" for name in names
+                     if not name.endswith("(deleted)"))
+
+
 def main():
     folder, scenario, *args = sys.argv[1:]
     with open(os.path.join(folder, f"pid.{RANK}"), "w") as f:
         f.write(str(os.getpid()))
+    note_shared_memory(folder)
     pycollective.set_timeout(TIMEOUT)
     globals()[scenario.replace("-", "_")](*args)
+    note_shared_memory(folder)
     os.write(1, f"DONE {RANK}\n".encode())
 
 
