@@ -27,7 +27,7 @@ from ._context import Key
 from ._errors import CollectiveMismatch
 from ._shmem import SharedMax, whole_node
 
-__all__ = ["Facts", "agree", "fact_values", "agree_max", "verdict", "MAX_FACTS"]
+__all__ = ["Facts", "agree", "fact_values", "agree_max", "board", "verdict", "MAX_FACTS"]
 
 #: ``((label, int value), ...)``: what every rank must share for one call.
 Facts = Sequence[Tuple[str, int]]
@@ -51,6 +51,11 @@ class _MpiMax:
 def _board(ctx):
     group = whole_node(ctx)
     return SharedMax(group) if group is not None else _MpiMax(ctx.comm)
+
+
+def board(ctx):
+    """The communicator's agreement board: a SharedMax on one node, else an MPI reduction."""
+    return ctx.cached(_BOARD, _board)
 
 
 def agree_max(ctx, values: np.ndarray) -> None:

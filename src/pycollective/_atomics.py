@@ -12,10 +12,12 @@ numpy int64 element is a single instruction, so counters are never torn.
 """
 
 import numba
+from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["fence"]
+__all__ = ["fence", "give_way"]
 
 
 @intrinsic
@@ -30,3 +32,20 @@ def _fence(typingctx):
 def fence():
     """A full memory barrier: earlier loads and stores complete before later ones."""
     _fence()
+
+
+@intrinsic
+def _sched_yield(typingctx):
+    # A call to libc's sched_yield, resolved when the code is linked into the
+    # process (so the compiled function can be cached, unlike a ctypes pointer).
+    def codegen(context, builder, signature, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(32), []),
+                                            "sched_yield")
+        return builder.call(fn, [])
+    return types.int32(), codegen
+
+
+@numba.njit(cache=True, nogil=True)
+def give_way():
+    """Let another process run on this core (``sched_yield``); cheap when none waits."""
+    _sched_yield()

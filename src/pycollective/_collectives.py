@@ -31,6 +31,7 @@ from mpi4py import MPI
 from . import _auto, _fastpath, _registry, _settings, _watch
 from . import algorithms as _algorithms  # noqa: F401  (importing it registers every algorithm)
 from ._agree import Facts, agree, agree_max, verdict
+from ._agree import board as _agree_board
 from ._context import Context, comm_settings, get_context, set_comm_setting
 from ._errors import CollectiveTimeout, ConfigurationError
 from ._kernels import SUPPORTED_DTYPES, get_kernel
@@ -242,7 +243,7 @@ def _prepare(what: str, comm, local: Callable[[], NamedTuple], timeout):
 def _run(call: _watch.Call, algo, ctx, *args) -> None:
     """Run an algorithm; any failure breaks the communicator and reaches every rank."""
     try:
-        algo(ctx, *args)
+        return algo(ctx, *args)
     except ConfigurationError:
         raise  # found by every rank together: nothing is half done
     except BaseException as exc:
@@ -324,6 +325,12 @@ def allreduce(sendbuf, recvbuf, op=MPI.SUM, *, comm=None, algorithm: str = "auto
             if plan.settings.check:
                 values = plan.template.copy()
                 values[0], values[1] = call.number, -call.number
+                if plan.algo.agreed is not None:
+                    # the algorithm exchanges the agreement with its data
+                    if not _run(call, plan.algo.agreed, ctx, hit.src, hit.dst, plan.kernel,
+                                values, _agree_board(ctx)):
+                        verdict(ctx, "allreduce", None, plan.facts, values)
+                    return recvbuf
                 agreed = values.tobytes()
                 agree_max(ctx, values)
                 if values.tobytes() != agreed:

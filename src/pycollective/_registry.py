@@ -41,7 +41,13 @@ class Algorithm:
     ``cost(nranks, count, itemsize, alpha, beta, gamma) -> seconds``.
     ``usable(ctx)`` says why the algorithm cannot run on a communicator
     (None: it can); it may be collective on a context's first use, so it is
-    asked on every rank at the same point.
+    asked on every rank at the same point.  ``agreed``, where given, runs
+    the algorithm with the agreement step folded in:
+    ``agreed(ctx, src, dst, kernel, values, board) -> bool`` reduces the
+    agreement vector ``values`` with MAX over the ranks (through ``board``,
+    the communicator's agreement board) and, if it came back unchanged on
+    every rank, runs the algorithm and returns True; otherwise it returns
+    False with ``values`` holding the MAX (the caller raises the verdict).
     """
 
     name: str
@@ -51,6 +57,7 @@ class Algorithm:
     usable: UsableFn = _always
     tags: Tuple[int, ...] = ()
     collective: str = "allreduce"
+    agreed: Optional[Callable] = None
 
 
 _ALGORITHMS: Dict[str, Dict[str, Algorithm]] = {}
@@ -85,7 +92,7 @@ def tag_owners() -> Dict[int, str]:
 
 def register(name: str, run: Callable, summary: str, *, cost: Optional[Callable] = None,
              usable: Optional[UsableFn] = None, tags: Iterable[int] = (),
-             collective: str = "allreduce") -> Algorithm:
+             collective: str = "allreduce", agreed: Optional[Callable] = None) -> Algorithm:
     """Add an algorithm; refuse a name or a message tag already in use.
 
     Args:
@@ -96,6 +103,7 @@ def register(name: str, run: Callable, summary: str, *, cost: Optional[Callable]
         usable: ``usable(ctx) -> None or reason``; default: usable everywhere.
         tags: the point-to-point tags the algorithm's messages use.
         collective: which collective it implements.
+        agreed: the algorithm with the agreement folded in (see :class:`Algorithm`).
 
     Raises:
         ValueError: the name is registered already, or a tag is taken.
@@ -106,7 +114,7 @@ def register(name: str, run: Callable, summary: str, *, cost: Optional[Callable]
                          "is already registered" if name in table else
                          f"cannot register {name!r}: the name is reserved")
     algo = Algorithm(name, run, summary, cost, usable or _always,
-                     reserve_tags(f"{collective}:{name}", tags), collective)
+                     reserve_tags(f"{collective}:{name}", tags), collective, agreed)
     table[name] = algo
     return algo
 

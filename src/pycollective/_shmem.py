@@ -217,6 +217,7 @@ class FlagBarrier:
 
     def __init__(self, flags, rank, size, progress=None):
         self.rank, self.size, self.progress = rank, size, progress
+        self.words = flags  # every counter, for compiled code: rank q's at q * 8
         self._flags = [flags[q * _FLAG_WORDS:q * _FLAG_WORDS + 1] for q in range(size)]
         self._flag = self._flags[rank]
         self._others = [f for q, f in enumerate(self._flags) if q != rank]
@@ -227,6 +228,10 @@ class FlagBarrier:
             target = self._seq = self._seq + 1
         fence()
         self._flag[0] = target
+        self.wait(target)
+
+    def wait(self, target):
+        """Wait (bounded) until every other counter has reached ``target``; fence after."""
         spins, waiter = 0, None
         for flag in self._others:
             while flag[0] < target:
@@ -313,6 +318,28 @@ class NodeGroup:
         if check and self._unchecked is not None:
             rows, self._unchecked = self._unchecked, None
             self.check(call, rows)
+
+    def compiled_step(self, call, check):
+        """The bookkeeping of one :meth:`sync` of ``call`` that compiled code does itself.
+
+        Returns ``(target, publish, checking)``: the barrier target; the
+        header set the compiled code must write this rank's header into
+        before raising its counter (None unless this is the call's first
+        step); the header set it must compare after the wait (None unless
+        ``check`` and the headers are not checked yet).  Same state changes
+        as :meth:`sync`, so both kinds of step mix within one call.
+        """
+        publish = None
+        if call.number != self._number:
+            self._number, self._step = call.number, 0
+            publish = self._unchecked = self.headers[self._published & 1]
+            self._published += 1
+        self._step += 1
+        self._last = (call.number << 24) + self._step
+        checking = None
+        if check and self._unchecked is not None:
+            checking, self._unchecked = self._unchecked, None
+        return self._last, publish, checking
 
     def publish(self, call):
         """Write ``call``'s number and fingerprint into this rank's header; return the set."""
@@ -482,6 +509,19 @@ class SharedSlots:
             views = self.views[key] = tuple(
                 raw[offset:offset + nbytes].view(dtype) for raw in self.raw)
         return views
+
+    def rows(self, offset, count, dtype):
+        """Every rank's slot region as one 2-D array ``[rank, element]`` (cached)."""
+        key = ("rows", offset, count, dtype)
+        view = self.views.get(key)
+        if view is None:
+            if len(self.views) > 256:
+                self.views.clear()
+            dtype = np.dtype(dtype)
+            view = self.views[key] = np.ndarray(
+                (self.size, count), dtype, buffer=self.segment.mm, offset=offset,
+                strides=(self.capacity, dtype.itemsize))
+        return view
 
     def sync(self):
         self.group.sync()

@@ -78,13 +78,21 @@ import math
 
 import numpy as np
 
-from .. import _cma, _env
+from .. import _cma, _env, _watch
 from .._context import Key
 from .._errors import ConfigurationError
 from .._partition import chunk_bounds
 from .._registry import register
-from .._shmem import (DOUBLE_LIMIT, SharedSlots, copy_in, copy_out, reduce_block,
-                      reduce_own_slice, whole_node)
+from .._shmem import (
+    DOUBLE_LIMIT,
+    SharedSlots,
+    copy_in,
+    copy_out,
+    reduce_block,
+    reduce_own_slice,
+    whole_node,
+)
+from . import _small
 
 _REPLICATE_BYTES = 4 << 10    # up to this, every rank reduces the whole vector
 _CMA_STAGE_BYTES = 4 << 20    # single-copy path: bytes read from the others per block (measured)
@@ -214,8 +222,79 @@ def shm_allreduce(ctx, src, dst, kernel):
         raise ConfigurationError(state.error)
     if state.cross is not None and dst.nbytes > DOUBLE_LIMIT:
         cma_allreduce_on(state.cross, src, dst, kernel)
+    elif _compiled(state, _watch.current(), dst):
+        _small_data(state.node, _watch.current(), src, dst)
     else:
         shm_allreduce_on(state.node, src, dst, kernel)
+
+
+_F16 = np.dtype(np.float16)
+_COMPILED = {np.dtype(t) for t in ("float16", "float32", "float64", "int8", "int16", "int32",
+                                   "int64", "uint8", "uint16", "uint32", "uint64")}
+_OPS = {"sum": 0, "prod": 1, "max": 2, "min": 3}
+_TURNS = 1 << 14  # compiled spins before Python takes over the wait (and its deadline)
+
+
+def shm_agreed(ctx, src, dst, kernel, values, board):
+    """shm with the agreement in the same compiled steps (the registry's ``agreed``).
+
+    Small messages take :mod:`._small`: the agreement and the data step, each
+    one compiled write-sync-check; larger ones run the agreement through the
+    board, then the algorithm.  Either way the steps are the Python path's.
+    """
+    state = _state(ctx)
+    node = state.node
+    call = _watch.current()
+    if _compiled(state, call, dst, board):
+        group = node.group
+        target, publish, _ = group.compiled_step(call, check=False)
+        rows_board = group.boards[board.parity]
+        board.parity ^= 1
+        _small.post_row(group.barrier.words, group.rank, target, rows_board, values, publish,
+                        call.number, call.fingerprint_words)
+        _wait(group, target)
+        if not _small.rows_agree(rows_board, values, group.size):
+            np.max(rows_board[:, :values.size], axis=0, out=values)
+            return False
+        _small_data(node, call, src, dst)
+        return True
+    before = values.tobytes()
+    board.max(values)
+    if values.tobytes() != before:
+        return False
+    shm_allreduce(ctx, src, dst, kernel)
+    return True
+
+
+def _compiled(state, call, dst, board=None):
+    node = state.node
+    return (state.error is None and call is not None and dst.nbytes <= _REPLICATE_BYTES
+            and node.capacity >= 2 * dst.nbytes and dst.dtype in _COMPILED
+            and (board is None or getattr(board, "group", None) is node.group))
+
+
+def _wait(group, target):
+    if _small.wait(group.barrier.words, group.rank, group.size, target, _TURNS) >= 0:
+        group.barrier.wait(target)  # a slow rank: wait on with the deadline
+
+
+def _small_data(node, call, src, dst):
+    """The small path's data step in compiled code (the slots are big enough already)."""
+    group = node.group
+    target, publish, checking = group.compiled_step(call, check=True)
+    offset, _ = node.begin(dst.nbytes)
+    half = dst.dtype == _F16
+    if half:
+        src, dst = src.view(np.uint16), dst.view(np.uint16)
+    rows = node.rows(offset, dst.size, dst.dtype)
+    _small.post_data(group.barrier.words, group.rank, target, rows, src,
+                     publish if publish is not None else group.headers[0],
+                     publish is not None, call.number, call.fingerprint_words)
+    _wait(group, target)
+    reduce = _small.reduce_half if half else _small.reduce
+    if reduce(checking, group.rank, group.size, rows, dst,
+              call.fingerprint[3]) == _small.HEADERS_DIFFER:
+        group.check(call, checking)  # raises, naming who is in which call
 
 
 def shm_cost(nranks, count, itemsize, alpha, beta, gamma):
@@ -231,4 +310,4 @@ def shm_cost(nranks, count, itemsize, alpha, beta, gamma):
 
 register("shm", shm_allreduce,
          "one node: ranks reduce their slice straight from the others' shared-memory slots",
-         cost=shm_cost, usable=on_one_node)
+         cost=shm_cost, usable=on_one_node, agreed=shm_agreed)

@@ -1,0 +1,155 @@
+"""The small-message path of "shm" as compiled code, the agreement included.
+
+For a vector of at most 4 KiB every rank copies its input into its slot and
+every rank reduces all slots in rank order (see ``shm.py``).  In Python that
+is a dozen calls and two synchronisations per allreduce; here each step of
+the same protocol is one compiled call:
+
+* the agreement step (check on): :func:`post_row` writes this rank's
+  agreement row (the call number and the agreed facts) into the board and
+  its header (call number and fingerprint) into the node's header set,
+  fences, and raises this rank's counter; :func:`wait`; :func:`rows_agree`.
+* the data step: :func:`post_data` writes the input into this rank's slot
+  (and, with the check off, the header), fences and raises the counter;
+  :func:`wait`; :func:`reduce` compares every rank's header with this
+  rank's and only then reduces all slots into ``dst``.
+
+The steps, their barrier targets and what each publishes are exactly those
+of the Python path (``SharedMax.max`` then ``shm_allreduce_on``), so ranks
+that take different paths for the same call still meet; the reduction is
+the same left fold by the same kernels, so results are bitwise the same.
+"""
+
+import numba
+
+from .._atomics import _fence, give_way
+from .._kernels import _max, _max_f16, _min, _min_f16, _prod, _prod_f16, _sum, _sum_f16
+
+__all__ = ["post_row", "post_data", "wait", "rows_agree", "reduce", "reduce_half", "DONE",
+           "DISAGREE", "HEADERS_DIFFER"]
+
+DONE, DISAGREE, HEADERS_DIFFER = 0, 1, 2
+HEADER_WORDS = 10  # call number + fingerprint
+
+_jit = numba.njit(cache=True, nogil=True)
+
+
+@_jit
+def wait(flags, rank, size, target, turns):
+    """Spin until every counter has reached ``target``; -1 when they have.
+
+    Gives the core away every 64 spins (ranks often outnumber cores).  After
+    ``turns`` spins on one counter, returns that rank instead, so that
+    Python can keep waiting with a deadline and a side channel.
+    """
+    for q in range(size):
+        if q == rank:
+            continue
+        spins = 0
+        while flags[q * 8] < target:
+            spins += 1
+            if spins & 63 == 0:
+                give_way()
+            if spins >= turns:
+                return q
+    _fence()
+    return -1
+
+
+@_jit
+def _header(headers, rank, number, fingerprint):
+    headers[rank, 0] = number
+    for j in range(fingerprint.shape[0]):
+        headers[rank, 1 + j] = fingerprint[j]
+
+
+@_jit
+def post_row(flags, rank, target, board, values, headers, number, fingerprint):
+    """The agreement step's writes, then this rank's counter."""
+    k = values.shape[0]
+    for j in range(k):
+        board[rank, j] = values[j]
+    for j in range(k, board.shape[1]):
+        board[rank, j] = 0
+    _header(headers, rank, number, fingerprint)
+    _fence()
+    flags[rank * 8] = target
+
+
+@_jit
+def rows_agree(board, values, size):
+    """After the agreement step's wait: True iff every rank's row equals ``values``."""
+    k = values.shape[0]
+    for q in range(size):
+        for j in range(k):
+            if board[q, j] != values[j]:
+                return False
+    return True
+
+
+@_jit
+def post_data(flags, rank, target, rows, src, headers, publish, number, fingerprint):
+    """The data step's writes (and the header, if this is the call's first step)."""
+    for i in range(src.shape[0]):
+        rows[rank, i] = src[i]
+    if publish:
+        _header(headers, rank, number, fingerprint)
+    _fence()
+    flags[rank * 8] = target
+
+
+@_jit
+def _headers_agree(headers, rank, size):
+    for q in range(size):
+        for j in range(HEADER_WORDS):
+            if headers[q, j] != headers[rank, j]:
+                return False
+    return True
+
+
+@_jit
+def reduce(headers, rank, size, rows, dst, op):
+    """After the data step's wait: check the headers, then reduce (op: sum, prod, max, min)."""
+    if not _headers_agree(headers, rank, size):
+        return HEADERS_DIFFER
+    if op == 0:
+        _sum(rows[0], rows[1], dst)
+        for q in range(2, size):
+            _sum(dst, rows[q], dst)
+    elif op == 1:
+        _prod(rows[0], rows[1], dst)
+        for q in range(2, size):
+            _prod(dst, rows[q], dst)
+    elif op == 2:
+        _max(rows[0], rows[1], dst)
+        for q in range(2, size):
+            _max(dst, rows[q], dst)
+    else:
+        _min(rows[0], rows[1], dst)
+        for q in range(2, size):
+            _min(dst, rows[q], dst)
+    return DONE
+
+
+@_jit
+def reduce_half(headers, rank, size, rows, dst, op):
+    """:func:`reduce` for float16, on the bit patterns (``rows`` and ``dst`` as uint16)."""
+    if not _headers_agree(headers, rank, size):
+        return HEADERS_DIFFER
+    if op == 0:
+        _sum_f16(rows[0], rows[1], dst)
+        for q in range(2, size):
+            _sum_f16(dst, rows[q], dst)
+    elif op == 1:
+        _prod_f16(rows[0], rows[1], dst)
+        for q in range(2, size):
+            _prod_f16(dst, rows[q], dst)
+    elif op == 2:
+        _max_f16(rows[0], rows[1], dst)
+        for q in range(2, size):
+            _max_f16(dst, rows[q], dst)
+    else:
+        _min_f16(rows[0], rows[1], dst)
+        for q in range(2, size):
+            _min_f16(dst, rows[q], dst)
+    return DONE
