@@ -25,10 +25,10 @@ import numba
 from .._atomics import _fence, give_way
 from .._kernels import _max, _max_f16, _min, _min_f16, _prod, _prod_f16, _sum, _sum_f16
 
-__all__ = ["post_row", "post_data", "wait", "rows_agree", "reduce", "reduce_half", "DONE",
-           "DISAGREE", "HEADERS_DIFFER"]
+__all__ = ["agreement_step", "data_step", "wait", "rows_agree", "reduce", "reduce_half", "DONE",
+           "DISAGREE", "HEADERS_DIFFER", "LATE"]
 
-DONE, DISAGREE, HEADERS_DIFFER = 0, 1, 2
+DONE, DISAGREE, HEADERS_DIFFER, LATE = 0, 1, 2, 3
 HEADER_WORDS = 10  # call number + fingerprint
 
 _jit = numba.njit(cache=True, nogil=True)
@@ -153,3 +153,37 @@ def reduce_half(headers, rank, size, rows, dst, op):
         for q in range(2, size):
             _min_f16(dst, rows[q], dst)
     return DONE
+
+
+# --- each step as one call (a compiled call costs about a microsecond to enter) --------
+
+@_jit
+def agreement_step(flags, rank, size, target, board, values, headers, number, fingerprint,
+                   turns):
+    """:func:`post_row`, :func:`wait`, :func:`rows_agree`: DONE, DISAGREE, or LATE
+    (a rank has not arrived within ``turns`` spins: wait in Python, then ask
+    :func:`rows_agree`)."""
+    post_row(flags, rank, target, board, values, headers, number, fingerprint)
+    if wait(flags, rank, size, target, turns) >= 0:
+        return LATE
+    return DONE if rows_agree(board, values, size) else DISAGREE
+
+
+@_jit
+def data_step(flags, rank, size, target, rows, src, headers, publish, number, fingerprint,
+              checking, dst, op, turns):
+    """:func:`post_data`, :func:`wait`, :func:`reduce`: DONE, HEADERS_DIFFER or LATE."""
+    post_data(flags, rank, target, rows, src, headers, publish, number, fingerprint)
+    if wait(flags, rank, size, target, turns) >= 0:
+        return LATE
+    return reduce(checking, rank, size, rows, dst, op)
+
+
+@_jit
+def data_step_half(flags, rank, size, target, rows, src, headers, publish, number, fingerprint,
+                   checking, dst, op, turns):
+    """:func:`data_step` for float16 (uint16 views)."""
+    post_data(flags, rank, target, rows, src, headers, publish, number, fingerprint)
+    if wait(flags, rank, size, target, turns) >= 0:
+        return LATE
+    return reduce_half(checking, rank, size, rows, dst, op)

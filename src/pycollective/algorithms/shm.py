@@ -250,10 +250,14 @@ def shm_agreed(ctx, src, dst, kernel, values, board):
         target, publish, _ = group.compiled_step(call, check=False)
         rows_board = group.boards[board.parity]
         board.parity ^= 1
-        _small.post_row(group.barrier.words, group.rank, target, rows_board, values, publish,
-                        call.number, call.fingerprint_words)
-        _wait(group, target)
-        if not _small.rows_agree(rows_board, values, group.size):
+        verdict = _small.agreement_step(group.barrier.words, group.rank, group.size, target,
+                                        rows_board, values, publish, call.number,
+                                        call.fingerprint_words, _TURNS)
+        if verdict == _small.LATE:
+            group.barrier.wait(target)  # a slow rank: wait on with the deadline
+            verdict = _small.DONE if _small.rows_agree(rows_board, values, group.size) \
+                else _small.DISAGREE
+        if verdict == _small.DISAGREE:
             np.max(rows_board[:, :values.size], axis=0, out=values)
             return False
         _small_data(node, call, src, dst)
@@ -273,11 +277,6 @@ def _compiled(state, call, dst, board=None):
             and (board is None or getattr(board, "group", None) is node.group))
 
 
-def _wait(group, target):
-    if _small.wait(group.barrier.words, group.rank, group.size, target, _TURNS) >= 0:
-        group.barrier.wait(target)  # a slow rank: wait on with the deadline
-
-
 def _small_data(node, call, src, dst):
     """The small path's data step in compiled code (the slots are big enough already)."""
     group = node.group
@@ -287,13 +286,16 @@ def _small_data(node, call, src, dst):
     if half:
         src, dst = src.view(np.uint16), dst.view(np.uint16)
     rows = node.rows(offset, dst.size, dst.dtype)
-    _small.post_data(group.barrier.words, group.rank, target, rows, src,
-                     publish if publish is not None else group.headers[0],
-                     publish is not None, call.number, call.fingerprint_words)
-    _wait(group, target)
-    reduce = _small.reduce_half if half else _small.reduce
-    if reduce(checking, group.rank, group.size, rows, dst,
-              call.fingerprint[3]) == _small.HEADERS_DIFFER:
+    op = call.fingerprint[3]
+    step = _small.data_step_half if half else _small.data_step
+    verdict = step(group.barrier.words, group.rank, group.size, target, rows, src,
+                   publish if publish is not None else checking, publish is not None,
+                   call.number, call.fingerprint_words, checking, dst, op, _TURNS)
+    if verdict == _small.LATE:
+        group.barrier.wait(target)  # a slow rank: wait on with the deadline
+        reduce = _small.reduce_half if half else _small.reduce
+        verdict = reduce(checking, group.rank, group.size, rows, dst, op)
+    if verdict == _small.HEADERS_DIFFER:
         group.check(call, checking)  # raises, naming who is in which call
 
 
