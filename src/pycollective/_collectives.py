@@ -166,7 +166,8 @@ def _settings_facts(settings: _settings.Settings) -> Facts:
     timeout_ms = -1 if settings.timeout is None else int(settings.timeout * 1000)
     return (("segment size (set_segment_bytes / PYCOLLECTIVE_SEGMENT_BYTES)",
              settings.segment_bytes),
-            ("timeout in ms (set_timeout / PYCOLLECTIVE_TIMEOUT_S)", timeout_ms))
+            ("timeout in ms (set_timeout / PYCOLLECTIVE_TIMEOUT_S)", timeout_ms),
+            ("the agreement setting (set_check / PYCOLLECTIVE_CHECK)", int(settings.check)))
 
 
 def _enter(ctx: Context, what: str, fp: tuple, settings: _settings.Settings,
@@ -200,15 +201,30 @@ def _tag_ub(ctx):
     return _TAG_UB
 
 
-def _prepare(what: str, comm, local: Callable[[], NamedTuple], timeout):
+def _needs_agreement(settings, algo) -> bool:
+    """Whether a call runs the agreement step: always, unless it is off and the
+    algorithm compares every rank's call itself before reading their data.
+
+    A pure function of the call's settings and algorithm, both part of its
+    fingerprint (for ``auto``: a function of the fingerprint and the
+    communicator's agreed parameters), so ranks that make the same call
+    decide alike.
+    """
+    return settings.check or not algo.verifies_arguments
+
+
+def _prepare(what: str, comm, local: Callable[[], NamedTuple], timeout, algorithm_of=None):
     """Local checks, then (on several ranks) the call's start and agreement.
 
     Returns ``(ctx, checked, call)``; ``call`` is None on one rank.  The
     caller must end a call with :func:`_leave`.  ``local`` returns a named
     tuple with ``facts`` and ``fingerprint`` (settings -> tuple) or raises
-    TypeError/ValueError; on one rank only, that error reaches every rank:
-    through the agreement step when it is on, else through the side channel
-    (and the communicator is then unusable: the others may be mid-algorithm).
+    TypeError/ValueError; on one rank only, that error reaches every rank
+    through the agreement step.  The step runs unless the agreement is off
+    and ``algorithm_of(ctx, checked)`` names an algorithm that verifies the
+    arguments itself (:func:`_needs_agreement`).  A rank with a bad argument
+    always runs it, so ranks that do hear what is wrong, and ranks that skip
+    it (shared memory) find a header that does not match theirs.
     """
     comm = _resolve_comm(comm)
     checked, error = None, None
@@ -225,15 +241,12 @@ def _prepare(what: str, comm, local: Callable[[], NamedTuple], timeout):
     fp = checked.fingerprint(settings) if checked is not None else ()
     call = _enter(ctx, what, fp, settings)
     try:
-        if settings.check:
+        agreement = settings.check or error is not None or algorithm_of is None
+        if not agreement:
+            agreement = _needs_agreement(settings, algorithm_of(ctx, checked))
+        if agreement:
             facts = None if checked is None else tuple(checked.facts) + _settings_facts(settings)
             agree(ctx, what, error, facts)
-        elif error is not None:
-            # Without the agreement this rank alone knows; ranks that did not
-            # make the same mistake are already in the algorithm, waiting:
-            # the side channel tells them (they raise PeerFailed).
-            _watch.notify(call, error)
-            raise error
     except BaseException:
         _leave(call)
         raise
@@ -322,7 +335,7 @@ def allreduce(sendbuf, recvbuf, op=MPI.SUM, *, comm=None, algorithm: str = "auto
         call = _enter(ctx, "allreduce", plan.fingerprint, plan.settings, plan.words,
                       plan.tag_offset)
         try:
-            if plan.settings.check:
+            if _needs_agreement(plan.settings, plan.algo):
                 values = plan.template.copy()
                 values[0], values[1] = call.number, -call.number
                 if plan.algo.agreed is not None:
@@ -353,7 +366,7 @@ def allreduce(sendbuf, recvbuf, op=MPI.SUM, *, comm=None, algorithm: str = "auto
                  ("algorithm (-1: auto)", index))
         return _Allreduce(algo, src, dst, opname, kernel, facts)
 
-    ctx, checked, call = _prepare("allreduce", comm, local, timeout)
+    ctx, checked, call = _prepare("allreduce", comm, local, timeout, _resolve_algorithm)
     src, dst = checked.src, checked.dst
     if call is None:  # one rank
         if src is not dst and dst.size:

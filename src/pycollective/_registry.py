@@ -48,6 +48,11 @@ class Algorithm:
     the communicator's agreement board) and, if it came back unchanged on
     every rank, runs the algorithm and returns True; otherwise it returns
     False with ``values`` holding the MAX (the caller raises the verdict).
+    ``verifies_arguments``: the algorithm itself compares every rank's call
+    (count, dtype, op, ...) before it reads another rank's data, so a call
+    with the agreement step turned off can skip it safely; for the others the
+    agreement runs whatever the setting, since ranks that disagree could
+    otherwise return wrong data.
     """
 
     name: str
@@ -58,6 +63,7 @@ class Algorithm:
     tags: Tuple[int, ...] = ()
     collective: str = "allreduce"
     agreed: Optional[Callable] = None
+    verifies_arguments: bool = False
 
 
 _ALGORITHMS: Dict[str, Dict[str, Algorithm]] = {}
@@ -92,7 +98,8 @@ def tag_owners() -> Dict[int, str]:
 
 def register(name: str, run: Callable, summary: str, *, cost: Optional[Callable] = None,
              usable: Optional[UsableFn] = None, tags: Iterable[int] = (),
-             collective: str = "allreduce", agreed: Optional[Callable] = None) -> Algorithm:
+             collective: str = "allreduce", agreed: Optional[Callable] = None,
+             verifies_arguments: bool = False) -> Algorithm:
     """Add an algorithm; refuse a name or a message tag already in use.
 
     Args:
@@ -104,6 +111,7 @@ def register(name: str, run: Callable, summary: str, *, cost: Optional[Callable]
         tags: the point-to-point tags the algorithm's messages use.
         collective: which collective it implements.
         agreed: the algorithm with the agreement folded in (see :class:`Algorithm`).
+        verifies_arguments: see :class:`Algorithm`.
 
     Raises:
         ValueError: the name is registered already, or a tag is taken.
@@ -114,7 +122,8 @@ def register(name: str, run: Callable, summary: str, *, cost: Optional[Callable]
                          "is already registered" if name in table else
                          f"cannot register {name!r}: the name is reserved")
     algo = Algorithm(name, run, summary, cost, usable or _always,
-                     reserve_tags(f"{collective}:{name}", tags), collective, agreed)
+                     reserve_tags(f"{collective}:{name}", tags), collective, agreed,
+                     bool(verifies_arguments))
     table[name] = algo
     return algo
 

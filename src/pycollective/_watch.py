@@ -200,22 +200,6 @@ def _raise_broken(ctx, exc):
     raise exc
 
 
-def notify(call: Call, exc: BaseException) -> None:
-    """Tell the other ranks that this rank raises ``exc`` in ``call`` (never waits).
-
-    For errors that do not break the communicator on this rank (an argument
-    error found by the agreement): a rank whose agreement step is off is
-    already in the algorithm, waiting, and must hear of it.
-    """
-    ctx = call.ctx
-    if ctx.size > 1:
-        try:
-            _send_all(ctx, Notice("failed", ctx.rank, call.number, call.fingerprint,
-                                  type(exc).__name__, f"{call.title()}: {exc}", (ctx.rank,)))
-        except MPI.Exception:
-            pass
-
-
 def fail(call: Call, exc: BaseException) -> CollectiveError:
     """This rank failed in ``call``: mark the communicator broken, tell the others.
 

@@ -312,4 +312,4 @@ def shm_cost(nranks, count, itemsize, alpha, beta, gamma):
 
 register("shm", shm_allreduce,
          "one node: ranks reduce their slice straight from the others' shared-memory slots",
-         cost=shm_cost, usable=on_one_node, agreed=shm_agreed)
+         cost=shm_cost, usable=on_one_node, agreed=shm_agreed, verifies_arguments=True)
