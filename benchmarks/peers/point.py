@@ -4,8 +4,9 @@
     torchrun --standalone --nproc-per-node N point.py gloo --counts 1 1000 ...
 
 ``mpi`` times ``comm.Allreduce`` of whichever MPI library mpi4py loads in this
-environment (MPICH, Open MPI, Intel MPI); ``gloo`` times
-``torch.distributed.all_reduce`` on the Gloo backend (CPU tensors).  Both are
+environment (MPICH, Open MPI, Intel MPI); ``pycollective`` times
+``pycollective.allreduce`` on it (``--algorithms``); ``gloo`` times
+``torch.distributed.all_reduce`` on the Gloo backend (CPU tensors).  All are
 timed by the same loop, the same way ``python -m pycollective.bench`` times
 pycollective, so the rows of every contender mean the same thing:
 
@@ -202,7 +203,29 @@ class GlooBackend:
         self.dist.destroy_process_group()
 
 
-BACKENDS = {"mpi": MpiBackend, "gloo": GlooBackend}
+class PycollectiveBackend(MpiBackend):
+    """``pycollective.allreduce(x, out, "sum", algorithm=...)`` out of place, on mpi4py.
+
+    The same loop as the peers, one algorithm after another at each size
+    (``--algorithms``), for comparing with how ``python -m pycollective.bench``
+    times them (interleaved with each other and with native MPI).
+    """
+
+    name = "pycollective"
+
+    def __init__(self):
+        super().__init__()
+        import pycollective
+        self.pycollective = pycollective
+        self.algorithm = "auto"
+        self.library = f"pycollective on {self.library}"
+
+    def call(self):
+        self.pycollective.allreduce(self.x, self.out, "sum", comm=self.comm,
+                                    algorithm=self.algorithm)
+
+
+BACKENDS = {"mpi": MpiBackend, "gloo": GlooBackend, "pycollective": PycollectiveBackend}
 
 
 # --- the loop ---------------------------------------------------------------
@@ -254,6 +277,8 @@ def parse(argv=None):
     p.add_argument("--budget", type=float, default=None,
                    help="seconds of timed repetitions per size (fewer repetitions when slow)")
     p.add_argument("--min-iters", type=int, default=3)
+    p.add_argument("--algorithms", nargs="+", default=["auto"],
+                   help="pycollective backend: the algorithms to time, one after another")
     p.add_argument("--json", required=True, help="where rank 0 writes the rows")
     return p.parse_args(argv)
 
@@ -262,8 +287,14 @@ def main(argv=None):
     args = parse(argv)
     be = BACKENDS[args.backend]()
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    rows = [measure(be, c, iters=args.iters, warmup=args.warmup, budget=args.budget,
-                    min_iters=args.min_iters) for c in args.counts]
+    rows = []
+    for c in args.counts:
+        for algorithm in args.algorithms if args.backend == "pycollective" else [None]:
+            if algorithm is not None:
+                be.algorithm = algorithm
+            row = measure(be, c, iters=args.iters, warmup=args.warmup, budget=args.budget,
+                          min_iters=args.min_iters)
+            rows.append(dict(row, algorithm=algorithm) if algorithm else row)
     if be.rank == 0:
         report = dict(schema=SCHEMA, backend=be.name, library=be.library, nranks=be.nranks,
                       hostname=socket.gethostname(), cpu_count=os.cpu_count(),
@@ -275,7 +306,8 @@ def main(argv=None):
             json.dump(report, f, indent=1)
         os.replace(tmp, args.json)
         for r in rows:
-            sys.stdout.write(f"# {be.library}, N={be.nranks}, M={r['count']}: "
+            sys.stdout.write(f"# {be.library}{' ' + r['algorithm'] if 'algorithm' in r else ''}, "
+                             f"N={be.nranks}, M={r['count']}: "
                              f"{r['time'] * 1e6 if r['time'] else float('nan'):.1f} us "
                              f"median of {r['iters']}, wrong {r['wrong']}\n")
     bad = any(r["wrong"] or not r["input_intact"] for r in rows)
