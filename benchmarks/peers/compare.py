@@ -75,7 +75,7 @@ RUN_MPI = ROOT / "scripts" / "run_mpi.sh"
 class Contender:
     key: str    # name on the command line
     env: str    # virtual environment under --venvs
-    kind: str   # "mpi" (point.py, mpi4py), "gloo" (point.py, torch), "bench" (pycollective.bench)
+    kind: str   # point.py's backend ("mpi", "gloo", "pycollective"), or "bench" (pycollective.bench)
     label: str  # default label; the report names the library's version as it ran
 
 
@@ -85,6 +85,7 @@ CONTENDERS = {c.key: c for c in [
     Contender("openmpi", "openmpi", "mpi", "Open MPI"),
     Contender("impi", "impi", "mpi", "Intel MPI"),
     Contender("gloo", "gloo", "gloo", "torch Gloo"),
+    Contender("pycollective-loop", "mpich", "pycollective", "pycollective (MPICH), plain loop"),
     Contender("pycollective-openmpi", "openmpi", "bench", "pycollective (Open MPI)"),
     Contender("pycollective-impi", "impi", "bench", "pycollective (Intel MPI)"),
 ]}
@@ -219,7 +220,9 @@ def command(contender, nranks, counts, args, json_path):
         return argv, {"PYTHON": py, "PYCOLLECTIVE_TIMEOUT": str(limit)}, limit
     point = [str(POINT), contender.kind, "--counts", *map(str, counts), *timing,
              "--budget", repr(args.budget), "--json", str(json_path)]
-    if contender.kind == "mpi":
+    if contender.kind == "pycollective":
+        point += ["--algorithms", *args.algorithms, "auto"]
+    if contender.kind in ("mpi", "pycollective"):
         return ([str(RUN_MPI), str(nranks), *point],
                 {"PYTHON": py, "PYCOLLECTIVE_TIMEOUT": str(limit)}, limit)
     torchrun = str(Path(py).parent / "torchrun")
@@ -279,7 +282,8 @@ def rows_of(contender, json_path, counts):
         library = data["library"]
         for r in data["rows"]:
             ok = not r["wrong"] and r["input_intact"] and r["time"] is not None
-            out.append((contender.key, r["count"], r["time"], r["iters"], ok, r["wrong"], "", ""))
+            series = f"{contender.key}:{r['algorithm']}" if "algorithm" in r else contender.key
+            out.append((series, r["count"], r["time"], r["iters"], ok, r["wrong"], "", ""))
     return out, library
 
 
@@ -408,8 +412,7 @@ def report(out, args_text=None):
             text = fmt_time(s["time"])
             return f"**{text}**" if bold else text
         best = f"{cell(r['best'])} ({r['algo']})" if r["best"] else "-"
-        auto = (f"{cell(r['auto'])} ({r['auto']['pick']})" if r["auto"] and r["auto"]["time"]
-                else cell(r["auto"]))
+        auto = _with_pick(r["auto"]) if r["auto"] and r["auto"]["time"] else cell(r["auto"])
         peers = [cell(r["peers"][k], k == r["fastest"]) for k in PEERS]
         ratio = (f"{r['best']['time'] / r['peers'][r['fastest']]['time']:.2f}"
                  if r["best"] and r["fastest"] else "-")
@@ -470,16 +473,27 @@ def report(out, args_text=None):
     return out / "report.md"
 
 
+def _with_pick(auto):
+    if not auto or not auto["time"]:
+        return "-"
+    return fmt_time(auto["time"]) + (f" ({auto['pick']})" if auto["pick"] else "")
+
+
 def same_launch_tables(summary, libraries):
     """Per pycollective contender: best, auto and the library's native call from the same launches."""
     lines = []
-    for key in [k for k in CONTENDERS if CONTENDERS[k].kind == "bench"]:
+    for key in [k for k in CONTENDERS if CONTENDERS[k].kind in ("bench", "pycollective")]:
         points = sorted({(n, c) for (s, n, c) in summary if s.startswith(key + ":")})
         if not points:
             continue
         lib = short_library(libraries.get(key, "")) or CONTENDERS[key].label
         lines += ["", f"pycollective on {lib} beside {lib}'s own `MPI_Allreduce` timed in the same "
-                  "repetitions (`python -m pycollective.bench`): the same-run ratio.", "",
+                  "repetitions (`python -m pycollective.bench`): the same-run ratio.", ""]
+        if CONTENDERS[key].kind == "pycollective":
+            lines[-2] = (f"pycollective on {lib} timed by the peers' loop (`point.py "
+                         "pycollective`: each algorithm's repetitions back to back, not "
+                         "interleaved with other calls), for comparison with the bench's rows.")
+        lines += [
                   "| N | M | best | auto (its pick) | native | native / best |",
                   "|---|---|---|---|---|---|"]
         for n, c in points:
@@ -490,7 +504,7 @@ def same_launch_tables(summary, libraries):
                      if best and native and native["time"] else "-")
             lines.append(
                 f"| {n} | {fmt_count(c)} | {fmt_time(best['time']) + f' ({algo})' if best else '-'} | "
-                f"{fmt_time(auto['time']) + ' (' + auto['pick'] + ')' if auto and auto['time'] else '-'} | "
+                f"{_with_pick(auto)} | "
                 f"{fmt_time(native['time']) if native else '-'} | {ratio} |")
     return lines
 
