@@ -595,6 +595,9 @@ def registered_algorithms(venvs):
 
 def main(argv=None):
     args = parse(argv)
+    # SIGTERM (also from a shell that ran this in the background, where SIGINT is ignored)
+    # unwinds like Ctrl-C, so the launch under way is stopped too (launch()).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if args.report:
         print(report(args.report))
         return 0
