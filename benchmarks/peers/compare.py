@@ -395,6 +395,13 @@ def report(out, args_text=None):
                       f"{MEMORY_SHARE:.0%} of memory): "
                       + ", ".join(f"N = {n}, M = {fmt_count(c)}" for n, c in meta["skipped"]),
                       ""]
+    per_launch = [float(p["idle_pct"]) for p in {p["launch"]: p for p in points}.values()
+                  if p["idle_pct"]]
+    if per_launch and statistics.median(per_launch) < 50:
+        lines += [f"**Busy machine**: the CPU was {statistics.median(per_launch):.0f} % idle (median) "
+                  "in the second before each launch; other jobs shared the cores, so these "
+                  "numbers carry their scheduling, most for libraries that pin ranks to cores. "
+                  "See the tables at the end.", ""]
     lines += [
         "Each cell: the median over rounds of each launch's median over repetitions of the "
         "slowest rank's time per call (see `benchmarks/peers/compare.py` for how launches take "
