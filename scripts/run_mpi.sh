@@ -12,8 +12,8 @@
 # * Python runs under `python -m mpi4py`, so an uncaught exception on any rank
 #   calls MPI_Abort and the whole job ends instead of hanging.
 # * Open MPI (if that is the library installed) gets the flags it needs to
-#   run as root, and --oversubscribe when NP exceeds the cores; MPICH needs
-#   none.
+#   run as root, and --oversubscribe when NP exceeds the cores; MPICH and
+#   Intel MPI need none.
 # * Exit status: the job's; 124 (and a message on stderr) when the job was
 #   stopped by the limit below; 2 for a usage error.  When run_mpi.sh itself
 #   gets SIGTERM, SIGINT or SIGHUP (an outer `timeout`, Ctrl-C, a closed
@@ -37,10 +37,15 @@
 #   it can always find in /proc, kill and reap.  mpiexec runs in a process
 #   group of its own, so Ctrl-C or an outer timeout (which signal the
 #   caller's group) reach only the supervisor, which then stops the job in
-#   order: the signal to mpiexec's group (Hydra forwards it to the ranks),
-#   then SIGKILL to every descendant.  If the supervisor is SIGKILLed itself,
-#   mpiexec gets SIGKILL too (PR_SET_PDEATHSIG), and Hydra's proxy then kills
-#   the ranks (files it leaves behind then stay; see below).
+#   order: the signal to mpiexec's group (Hydra forwards it to the ranks;
+#   Open MPI's mpiexec signals them itself and escalates to SIGKILL on its
+#   own), then SIGKILL to every descendant.  If the supervisor is SIGKILLed
+#   itself, mpiexec gets SIGKILL too (PR_SET_PDEATHSIG), and Hydra's proxy
+#   then kills the ranks (files it leaves behind then stay; see below).
+#   Open MPI's mpiexec (prterun) starts the ranks itself and leaves them
+#   running when it is killed outright, so under Open MPI each rank first
+#   runs a few lines (the orphan guard below) that ask the kernel for
+#   SIGKILL when its parent dies, then exec's Python.
 #
 # Clean-up.  Killed MPI jobs leave files behind: shared-memory segments in
 # /dev/shm (mpich_shm_*, sm_segment.*, ...) and Hydra's topology file
@@ -96,12 +101,25 @@ else
 fi
 
 flags=()
+rank=("$py" -m mpi4py)  # what each rank runs before the user's arguments
 if "$mpiexec" --version 2>/dev/null | grep -qi "open mpi"; then
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
     export OMPI_MCA_btl=${OMPI_MCA_btl:-self,sm} OMPI_MCA_osc=${OMPI_MCA_osc:-^ucx}
     if [ "$np" -gt "$(nproc)" ]; then
         flags+=(--oversubscribe)
     fi
+    # The orphan guard (see "Stopping"): SIGKILL when mpiexec dies, then
+    # Python.  If mpiexec died before prctl, the rank was already re-parented
+    # to the supervisor (whose pid is this shell's: it is exec'd below) or to
+    # init, and it leaves at once.  Arguments: the supervisor's pid, the command.
+    IFS= read -r -d '' guard <<'PY'
+import ctypes, os, signal, sys
+ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+if os.getppid() in (1, int(sys.argv[1])):
+    os._exit(1)
+os.execv(sys.argv[2], sys.argv[2:])
+PY
+    rank=("$py" -I -c "$guard" "$$" "${rank[@]}")
 fi
 
 # The supervisor (see "Stopping" and "Clean-up" above).  It runs with -I so
@@ -365,4 +383,4 @@ sys.exit(os.WEXITSTATUS(status))
 PY
 
 exec "$py" -I -c "$supervise" "$0" "$limit" "$np" \
-    "$mpiexec" "${flags[@]}" -n "$np" "$py" -m mpi4py "$@"
+    "$mpiexec" "${flags[@]}" -n "$np" "${rank[@]}" "$@"

@@ -167,7 +167,11 @@ def test_json_and_plot(tmp_path):
             data = json.load(f)
         env = data["environment"]
         assert env["nranks"] == comm.Get_size() and env["cpu_count"] >= 1 and env["hostname"]
-        assert "MPICH" in env["mpi_library"] or "Open MPI" in env["mpi_library"]
+        # The library that ran, whichever it is (MPICH, Open MPI, Intel MPI...), without the
+        # NUL that Open MPI leaves at the end of its version string.
+        version = MPI.Get_library_version().replace("\0", "").strip()
+        assert env["mpi_library_version"] == version and "\0" not in env["mpi_library"]
+        assert env["mpi_library"] == " ".join(version.splitlines()[0].split())
         assert {"mpi4py", "numpy", "numba"} <= set(env["versions"])
         assert "calibration" in data and "auto_score" in data
         assert len(data["measurements"]) == len(rows)

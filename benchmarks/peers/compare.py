@@ -1,0 +1,689 @@
+"""pycollective against its peers: MPICH, Open MPI, Intel MPI and torch Gloo, interleaved.
+
+    benchmarks/peers/run.sh [options]              # sets up the environments, then runs this
+    python compare.py --venvs DIR [options]        # the environments already there
+    python compare.py --report DIR                 # remake report.md and the plot from DIR
+
+Every contender runs in its own virtual environment (``DIR/<env>``, made by
+run.sh; two MPI libraries never share one), so different libraries cannot
+share a job: each launch runs one contender at one N over a small group of
+sizes, and the contenders take turns.
+
+How the comparison is interleaved, exactly:
+
+* the sizes of each N are cut into groups of at most ``--group`` consecutive
+  sizes that form one geometric sweep (the largest sizes capped by memory,
+  below);
+* round r = 1 .. ``--rounds``: for each N, for each group, every contender
+  is launched once on that group, in an order rotated by one place per group
+  and per round (each contender goes first, and last, equally often);
+* one launch gives, per size, the median over its repetitions of the
+  slowest rank's time per call (Barrier, ``perf_counter`` around one call,
+  MAX over ranks): ``point.py`` for the peers, ``python -m pycollective.bench``
+  for pycollective (every algorithm and ``auto``, beside MPICH's native call
+  in the same repetitions) -- the same measurement;
+* a size's number is the median over rounds of those per-launch medians; the
+  spread is (max - min) / median over rounds;
+* a launch's row counts only if its result was checked and right: the peers
+  against a float64 reference element by element (``point.py``), pycollective
+  bit for bit against MPICH's native result on exact data (the bench), and
+  MPICH's native result is itself one of the peers checked against the
+  float64 reference in its own launches;
+* "pycollective best" is, per (N, size), the algorithm with the lowest
+  median over rounds (chosen after the fact, so slightly flattered by noise
+  when several algorithms are close); "pycollective auto" is
+  ``algorithm="auto"`` timed as a user calls it.
+
+Before each launch the CPU idle share over one second and other MPI jobs on
+the machine are recorded, and the driver waits (up to ``--wait`` seconds)
+for a quiet machine; the report shows how quiet each contender's launches
+were.
+
+Outputs in ``--out`` (default ``benchmarks/results/<UTC stamp>-peers``):
+``points.csv`` (every launch's row per size, the raw material of the rest),
+``plan.txt`` (the run's settings, JSON),
+``report.md`` (the tables), ``peers.png`` (time and busbw against size, one
+line per contender, one column per N), ``commands.txt`` (every launch),
+``launches/`` (each launch's JSON and output; JSON is not committed).
+Only the standard library is needed to measure; numpy and matplotlib for the
+plot (the MPICH environment has both).
+"""
+
+import argparse
+import csv
+import json
+import math
+import os
+import re
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+POINT = HERE / "point.py"
+RUN_MPI = ROOT / "scripts" / "run_mpi.sh"
+
+
+@dataclass(frozen=True)
+class Contender:
+    key: str    # name on the command line
+    env: str    # virtual environment under --venvs
+    kind: str   # point.py's backend ("mpi", "gloo", "pycollective"), or "bench" (pycollective.bench)
+    label: str  # default label; the report names the library's version as it ran
+
+
+CONTENDERS = {c.key: c for c in [
+    Contender("pycollective", "mpich", "bench", "pycollective (MPICH)"),
+    Contender("mpich", "mpich", "mpi", "MPICH"),
+    Contender("openmpi", "openmpi", "mpi", "Open MPI"),
+    Contender("impi", "impi", "mpi", "Intel MPI"),
+    Contender("gloo", "gloo", "gloo", "torch Gloo"),
+    Contender("pycollective-loop", "mpich", "pycollective", "pycollective (MPICH), plain loop"),
+    Contender("pycollective-openmpi", "openmpi", "bench", "pycollective (Open MPI)"),
+    Contender("pycollective-impi", "impi", "bench", "pycollective (Intel MPI)"),
+]}
+DEFAULT_CONTENDERS = ["pycollective", "mpich", "openmpi", "impi", "gloo"]
+PEERS = ("mpich", "openmpi", "impi", "gloo")  # the columns "fastest peer" is taken over
+
+# Buffers of M float32 per rank that one point may hold at once: the bench
+# keeps three (input, result, native's result) and its algorithms add up to
+# three more of scratch (naive, ps); MPI libraries keep temporaries too.
+BUFFERS = 8
+MEMORY_SHARE = 0.6  # of MemTotal for the ladder; a launch also needs that much MemAvailable
+
+PLAN = "plan.txt"  # the run's settings, JSON (not *.json: benchmarks/results ignores those)
+FIELDS = ["round", "launch", "contender", "series", "nranks", "count", "time_s", "iters",
+          "ok", "wrong", "pick", "library", "idle_pct", "others", "started_utc", "note"]
+
+
+# --- machine ------------------------------------------------------------------
+
+def meminfo(field):
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def idle_share(seconds=1.0):
+    """Percent of CPU time idle over the next ``seconds``."""
+    def read():
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return sum(v), v[3] + v[4]  # total, idle + iowait
+    t0, i0 = read()
+    time.sleep(seconds)
+    t1, i1 = read()
+    return 100.0 * (i1 - i0) / max(t1 - t0, 1)
+
+
+LAUNCHERS = ("hydra_pmi_proxy", "prterun", "prted", "torchrun", "mpiexec", "mpirun")
+
+
+def other_jobs():
+    """Processes of MPI launchers on the machine (ours have all ended between launches)."""
+    n = 0
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/comm") as f:
+                    n += f.read().strip() in LAUNCHERS
+            except OSError:
+                pass
+    return n
+
+
+def wait_quiet(max_wait, min_idle):
+    """Wait up to ``max_wait`` s for no other MPI job and ``min_idle`` % idle; (idle, others)."""
+    deadline = time.monotonic() + max_wait
+    while True:
+        others = other_jobs()
+        idle = idle_share()
+        if (others == 0 and idle >= min_idle) or time.monotonic() >= deadline:
+            return idle, others
+        time.sleep(4)
+
+
+# --- plan ---------------------------------------------------------------------
+
+def fits(nranks, count, total=None):
+    """Whether ``nranks`` x ``BUFFERS`` vectors of ``count`` float32 fit in MEMORY_SHARE of memory."""
+    total = meminfo("MemTotal") if total is None else total
+    return nranks * count * 4 * BUFFERS <= MEMORY_SHARE * total
+
+
+def groups(counts, size):
+    """Consecutive sizes, at most ``size`` per group, each group one geometric sweep (the bench's)."""
+    out = []
+    for c in counts:
+        if out and len(out[-1]) < size and bench_counts_args(out[-1] + (c,)) is not None:
+            out[-1] += (c,)
+        else:
+            out.append((c,))
+    return out
+
+
+def plan(ns, counts, rounds, group, contenders, total=None):
+    """[(round, nranks, group of counts, contender key)] in launch order, and the skipped points."""
+    launches, skipped = [], []
+    for n in ns:
+        skipped += [(n, c) for c in counts if not fits(n, c, total)]
+    k = 0
+    for r in range(1, rounds + 1):
+        for n in ns:
+            for g in groups([c for c in counts if fits(n, c, total)], group):
+                shift = k % len(contenders)
+                k += 1
+                for key in contenders[shift:] + contenders[:shift]:
+                    launches.append((r, n, g, key))
+    return launches, skipped
+
+
+# --- launching ----------------------------------------------------------------
+
+def env_python(venvs, contender):
+    return Path(venvs) / contender.env / "bin" / "python"
+
+
+def bench_counts_args(counts):
+    """Bench options that sweep exactly ``counts`` (None if no geometric sweep does)."""
+    if len(counts) == 1:
+        return ["--M", str(counts[0])]
+    factor = (counts[-1] / counts[0]) ** (1 / (len(counts) - 1))
+    expected = [int(round(counts[0] * factor ** k)) for k in range(len(counts))]
+    if expected != list(counts):
+        return None
+    return ["--mincount", str(counts[0]), "--maxcount", str(counts[-1]),
+            "--stepfactor", repr(factor)]
+
+
+def command(contender, nranks, counts, args, json_path):
+    """(argv, extra environment, limit) of one launch."""
+    py = str(env_python(args.venvs, contender))
+    limit = args.launch_timeout
+    timing = ["--iters", str(args.iters), "--warmup", str(args.warmup)]
+    if contender.kind == "bench":
+        sweep = bench_counts_args(counts)  # never None: groups() makes only such groups
+        # The bench shares its budget among its cases (every algorithm, auto, native).
+        budget = args.budget * (len(args.algorithms) + 2)
+        argv = [str(RUN_MPI), str(nranks), "-m", "pycollective.bench", "allreduce",
+                *args.algorithms, "auto", *sweep, "--mode", "oop", *timing,
+                "--budget", repr(budget), "--quiet", "--json", str(json_path)]
+        return argv, {"PYTHON": py, "PYCOLLECTIVE_TIMEOUT": str(limit)}, limit
+    point = [str(POINT), contender.kind, "--counts", *map(str, counts), *timing,
+             "--budget", repr(args.budget), "--json", str(json_path)]
+    if contender.kind == "pycollective":
+        point += ["--algorithms", *args.algorithms, "auto"]
+    if contender.kind in ("mpi", "pycollective"):
+        return ([str(RUN_MPI), str(nranks), *point],
+                {"PYTHON": py, "PYCOLLECTIVE_TIMEOUT": str(limit)}, limit)
+    torchrun = str(Path(py).parent / "torchrun")
+    return (["timeout", "-k", "5", str(limit), torchrun, "--standalone",
+             f"--nproc-per-node={nranks}", *point],
+            {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}, limit)
+
+
+def launch(argv, extra, limit, log_path):
+    """Run one launch, its output into ``log_path``; its exit status."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the venv's own packages
+    env.update(extra)
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
+        try:
+            return proc.wait(timeout=limit + 60)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGTERM)
+            return proc.wait(timeout=30)
+        except BaseException:  # Ctrl-C: stop the launch (both launchers stop their job on TERM)
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+            raise
+
+
+def short_library(text):
+    """'MPICH 5.0.2', 'Open MPI 5.0.11', 'Intel MPI 2021.19.0', 'torch Gloo 2.13.0+cpu'."""
+    for pattern, fmt in ((r"MPICH Version:\s*(\S+)", "MPICH {}"),
+                         (r"Open MPI v?([\d.]+\S*?),", "Open MPI {}"),
+                         (r"Intel\(R\) MPI Library ([\d.]+)", "Intel MPI {}"),
+                         (r"torch (\S+) Gloo", "torch Gloo {}")):
+        m = re.search(pattern, text)
+        if m:
+            return fmt.format(m.group(1))
+    return text.split(",")[0]
+
+
+def rows_of(contender, json_path, counts):
+    """[(series, count, time, iters, ok, wrong, pick, note)] and the library of one finished launch."""
+    with open(json_path) as f:
+        data = json.load(f)
+    out = []
+    if contender.kind == "bench":
+        library = data["environment"]["mpi_library"]
+        calibration = (data.get("calibration") or {}).get("source", "")
+        for m in data["measurements"]:
+            ok = not m["wrong"] and m["identical"] and m["input_intact"]
+            series = f"{contender.key}:{m['name']}"
+            auto = m["name"] == "auto"
+            out.append((series, m["count"], m["time"], m["iters"], ok, m["wrong"],
+                        m.get("auto") if auto else "", f"calibration: {calibration}" if auto else ""))
+        got = sorted({m["count"] for m in data["measurements"]})
+        if got != sorted(counts):
+            raise ValueError(f"the bench measured sizes {got}, not {counts}")
+    else:
+        library = data["library"]
+        for r in data["rows"]:
+            ok = not r["wrong"] and r["input_intact"] and r["time"] is not None
+            series = f"{contender.key}:{r['algorithm']}" if "algorithm" in r else contender.key
+            out.append((series, r["count"], r["time"], r["iters"], ok, r["wrong"], "", ""))
+    return out, library
+
+
+# --- aggregation ----------------------------------------------------------------
+
+def read_points(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def aggregate(points):
+    """{(series, nranks, count): summary} over rounds, from the rows that were right."""
+    per = defaultdict(list)
+    failed = defaultdict(int)
+    picks = defaultdict(list)
+    libraries = {}
+    for p in points:
+        if not p["series"]:
+            continue
+        key = (p["series"], int(p["nranks"]), int(p["count"]))
+        if p["library"]:
+            libraries[p["series"].split(":")[0]] = p["library"]
+        if p["ok"] == "1":
+            per[key].append(float(p["time_s"]))
+            if p["pick"]:
+                picks[key].append(p["pick"])
+        else:
+            failed[key] += 1
+    summary = {}
+    for key in set(per) | set(failed):
+        times = per.get(key, [])
+        med = statistics.median(times) if times else None
+        summary[key] = dict(
+            time=med, rounds=len(times), failed=failed.get(key, 0),
+            spread=(max(times) - min(times)) / med if times and med else None,
+            pick=max(set(picks[key]), key=picks[key].count) if picks.get(key) else "")
+    return summary, libraries
+
+
+def best_of_ours(summary, nranks, count, prefix="pycollective"):
+    """(algorithm, summary) of our fastest named algorithm at one point, or (None, None)."""
+    cands = {s.split(":", 1)[1]: v for (s, n, c), v in summary.items()
+             if s.startswith(prefix + ":") and n == nranks and c == count and v["time"]
+             and s.split(":", 1)[1] not in ("auto", "native")}
+    if not cands:
+        return None, None
+    name = min(cands, key=lambda a: cands[a]["time"])
+    return name, cands[name]
+
+
+def busbw(count, nranks, seconds):
+    return count * 4 / seconds * 2 * (nranks - 1) / nranks / 1e9 if seconds else None
+
+
+# --- report -------------------------------------------------------------------
+
+def fmt_time(t):
+    if t is None:
+        return "-"
+    if t >= 1e-3:
+        return f"{t * 1e3:.3g} ms" if t < 1 else f"{t:.3g} s"
+    return f"{t * 1e6:.3g} µs"
+
+
+def fmt_count(c):
+    if c >= 10 and math.log10(c).is_integer():
+        return f"1e{int(math.log10(c))}"
+    return f"{c:g}"
+
+
+def lines_of(summary, libraries):
+    """Per (nranks, count): the table cells, in the report's column order."""
+    label = {k: short_library(libraries.get(k, "")) or CONTENDERS[k].label for k in PEERS}
+    points = sorted({(n, c) for (_, n, c) in summary})
+    rows = []
+    for n, c in points:
+        algo, best = best_of_ours(summary, n, c)
+        auto = summary.get(("pycollective:auto", n, c))
+        peers = {k: summary.get((k, n, c)) for k in PEERS}
+        fastest = min((k for k in PEERS if peers[k] and peers[k]["time"]),
+                      key=lambda k: peers[k]["time"], default=None)
+        rows.append(dict(n=n, c=c, algo=algo, best=best, auto=auto, peers=peers,
+                         fastest=fastest))
+    return rows, label
+
+
+def report(out, args_text=None):
+    """Write report.md and peers.png from out/points.csv."""
+    out = Path(out)
+    points = read_points(out / "points.csv")
+    summary, libraries = aggregate(points)
+    rows, label = lines_of(summary, libraries)
+    meta = json.loads((out / PLAN).read_text()) if (out / PLAN).exists() else {}
+    ours_lib = short_library(libraries.get("pycollective", ""))
+    lines = [f"# pycollective and its peers, {meta.get('started_utc', '')[:10]}", ""]
+    if meta:
+        lines += [
+            f"Measured {meta['started_utc']} – {meta.get('ended_utc', '(unfinished)')} on "
+            f"{meta['hostname']} ({meta['cpu_count']} CPUs, {meta['mem_gib']:.0f} GiB), "
+            f"float32 SUM, out of place (Gloo in place). Command:", "",
+            "```", meta["command"], "```", "",
+            f"N = {', '.join(map(str, meta['ns']))}; M = {', '.join(map(fmt_count, meta['counts']))} "
+            f"elements per rank; {meta['rounds']} rounds; at most {meta['group']} sizes per launch; "
+            f"{meta['iters']} repetitions per size at most (fewer when one size would take more "
+            f"than {meta['budget']:g} s per contender, never fewer than 3), {meta['warmup']} "
+            f"warm-up calls. pycollective's algorithms: {' '.join(meta['algorithms'])}.", ""]
+        if meta.get("skipped"):
+            lines += ["Left out by memory (" + f"{BUFFERS} buffers of M float32 per rank above "
+                      f"{MEMORY_SHARE:.0%} of memory): "
+                      + ", ".join(f"N = {n}, M = {fmt_count(c)}" for n, c in meta["skipped"]),
+                      ""]
+    per_launch = [float(p["idle_pct"]) for p in {p["launch"]: p for p in points}.values()
+                  if p["idle_pct"]]
+    if per_launch and statistics.median(per_launch) < 50:
+        lines += [f"**Busy machine**: the CPU was {statistics.median(per_launch):.0f} % idle (median) "
+                  "in the second before each launch; other jobs shared the cores, so these "
+                  "numbers carry their scheduling, most for libraries that pin ranks to cores. "
+                  "See the tables at the end.", ""]
+    lines += [
+        "Each cell: the median over rounds of each launch's median over repetitions of the "
+        "slowest rank's time per call (see `benchmarks/peers/compare.py` for how launches take "
+        "turns). **Bold**: the fastest peer. *ours / fastest peer*: below 1 means pycollective's "
+        "best is faster. A cell is `✗` when no round gave a right result.", "",
+        f"| N | M | pycollective best{f' ({ours_lib})' if ours_lib else ''} | auto (its pick) | "
+        + " | ".join(label[k] for k in PEERS) + " | ours / fastest peer | auto / best |",
+        "|---|---|---|---|" + "---|" * len(PEERS) + "---|---|"]
+    for r in rows:
+        def cell(s, bold=False):
+            if s is None:
+                return "-"
+            if s["time"] is None:
+                return "✗"
+            text = fmt_time(s["time"])
+            return f"**{text}**" if bold else text
+        best = f"{cell(r['best'])} ({r['algo']})" if r["best"] else "-"
+        auto = _with_pick(r["auto"]) if r["auto"] and r["auto"]["time"] else cell(r["auto"])
+        peers = [cell(r["peers"][k], k == r["fastest"]) for k in PEERS]
+        ratio = (f"{r['best']['time'] / r['peers'][r['fastest']]['time']:.2f}"
+                 if r["best"] and r["fastest"] else "-")
+        auto_ratio = (f"{r['auto']['time'] / r['best']['time']:.2f}"
+                      if r["best"] and r["auto"] and r["auto"]["time"] else "-")
+        lines.append(f"| {r['n']} | {fmt_count(r['c'])} | {best} | {auto} | "
+                     + " | ".join(peers) + f" | {ratio} | {auto_ratio} |")
+    lines += ["", "Bus bandwidth, GB/s (busbw = bytes per rank / time × 2(N−1)/N):", "",
+              "| N | M | pycollective best | auto | " + " | ".join(label[k] for k in PEERS) + " |",
+              "|---|---|---|---|" + "---|" * len(PEERS)]
+    for r in rows:
+        def bw(s):
+            v = busbw(r["c"], r["n"], s["time"]) if s and s["time"] else None
+            return "-" if v is None else f"{v:.3g}"
+        lines.append(f"| {r['n']} | {fmt_count(r['c'])} | {bw(r['best'])} | {bw(r['auto'])} | "
+                     + " | ".join(bw(r["peers"][k]) for k in PEERS) + " |")
+    lines += same_launch_tables(summary, libraries)
+    # Honesty: spread over rounds, how quiet the machine was, failures.
+    lines += ["", "Spread over rounds, (max − min) / median, median over the sizes of each N:", "",
+              "| contender | " + " | ".join(f"N = {n}" for n in sorted({r['n'] for r in rows}))
+              + " |", "|---|" + "---|" * len({r['n'] for r in rows})]
+    series = ["pycollective:auto"] + list(PEERS)
+    for s in series:
+        cells = []
+        for n in sorted({r["n"] for r in rows}):
+            v = [x["spread"] for (k, nn, _), x in summary.items()
+                 if k == s and nn == n and x["spread"] is not None]
+            cells.append(f"{statistics.median(v):.0%}" if v else "-")
+        name = "pycollective auto" if s == "pycollective:auto" else label[s]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    idle = defaultdict(list)
+    busy = defaultdict(int)
+    for p in {p["launch"]: p for p in points}.values():  # one row per launch
+        if p["idle_pct"]:
+            idle[p["contender"]].append(float(p["idle_pct"]))
+        busy[p["contender"]] += int(p["others"] or 0) > 0
+    if idle:
+        lines += ["", "CPU idle in the second before each launch (median, min) and launches that "
+                  "started beside another MPI job:", "",
+                  "| contender | idle median | idle min | beside another job |", "|---|---|---|---|"]
+        for k in sorted(idle):
+            lines.append(f"| {k} | {statistics.median(idle[k]):.0f} % | {min(idle[k]):.0f} % | "
+                         f"{busy[k]} |")
+    calibrations = sorted({p["note"] for p in points if p["series"].endswith(":auto") and p["note"]})
+    if calibrations:
+        lines += ["", "`auto` chose with: " + "; ".join(c.split(": ", 1)[1] for c in calibrations)
+                  + " (what a user gets without calibrating; see docs/cost-model.md)."]
+    bad = [p for p in points if p["series"] and p["ok"] != "1"]
+    notes = [p for p in points if not p["series"] and p["note"]]
+    lines += ["", f"Rows not counted (wrong result or failed launch): {len(bad)}."]
+    for p in notes:
+        lines.append(f"- round {p['round']}, {p['contender']}, N = {p['nranks']}: {p['note']}")
+    if (out / "peers.png").exists() or plot(out, rows, label):
+        lines += ["", "![time and busbw against size](peers.png)"]
+    lines += ["", "Raw rows (every launch, every size): [points.csv](points.csv); every launch's "
+              "command: [commands.txt](commands.txt)."]
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    return out / "report.md"
+
+
+def _with_pick(auto):
+    if not auto or not auto["time"]:
+        return "-"
+    return fmt_time(auto["time"]) + (f" ({auto['pick']})" if auto["pick"] else "")
+
+
+def same_launch_tables(summary, libraries):
+    """Per pycollective contender: best, auto and the library's native call from the same launches."""
+    lines = []
+    for key in [k for k in CONTENDERS if CONTENDERS[k].kind in ("bench", "pycollective")]:
+        points = sorted({(n, c) for (s, n, c) in summary if s.startswith(key + ":")})
+        if not points:
+            continue
+        lib = short_library(libraries.get(key, "")) or CONTENDERS[key].label
+        lines += ["", f"pycollective on {lib} beside {lib}'s own `MPI_Allreduce` timed in the same "
+                  "repetitions (`python -m pycollective.bench`): the same-run ratio.", ""]
+        if CONTENDERS[key].kind == "pycollective":
+            lines[-2] = (f"pycollective on {lib} timed by the peers' loop (`point.py "
+                         "pycollective`: each algorithm's repetitions back to back, not "
+                         "interleaved with other calls), for comparison with the bench's rows.")
+        lines += [
+                  "| N | M | best | auto (its pick) | native | native / best |",
+                  "|---|---|---|---|---|---|"]
+        for n, c in points:
+            algo, best = best_of_ours(summary, n, c, key)
+            auto = summary.get((f"{key}:auto", n, c))
+            native = summary.get((f"{key}:native", n, c))
+            ratio = (f"{native['time'] / best['time']:.2f}"
+                     if best and native and native["time"] else "-")
+            lines.append(
+                f"| {n} | {fmt_count(c)} | {fmt_time(best['time']) + f' ({algo})' if best else '-'} | "
+                f"{_with_pick(auto)} | "
+                f"{fmt_time(native['time']) if native else '-'} | {ratio} |")
+    return lines
+
+
+def plot(out, rows, label):
+    """peers.png: time and busbw against size, one column per N; False without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    ns = sorted({r["n"] for r in rows})
+    fig, axes = plt.subplots(2, len(ns), figsize=(max(8, 5 * len(ns)), 8), squeeze=False)
+    styles = {"best": ("pycollective best", "tab:red", "-"),
+              "auto": ("pycollective auto", "tab:red", ":"),
+              "mpich": (label["mpich"], "tab:blue", "-"), "openmpi": (label["openmpi"], "tab:orange", "-"),
+              "impi": (label["impi"], "tab:green", "-"), "gloo": (label["gloo"], "tab:purple", "-")}
+    for j, n in enumerate(ns):
+        sel = [r for r in rows if r["n"] == n]
+        for key, (name, color, ls) in styles.items():
+            pts = []
+            for r in sel:
+                s = r[key] if key in ("best", "auto") else r["peers"][key]
+                if s and s["time"]:
+                    pts.append((r["c"], s["time"]))
+            if not pts:
+                continue
+            cs, ts = zip(*pts)
+            axes[0][j].plot([c * 4 for c in cs], ts, marker="o", ms=3, color=color, ls=ls,
+                            label=name)
+            axes[1][j].plot([c * 4 for c in cs], [busbw(c, n, t) for c, t in pts], marker="o",
+                            ms=3, color=color, ls=ls, label=name)
+        axes[0][j].set_title(f"N = {n}")
+        axes[0][j].set_yscale("log")
+        axes[0][j].set_ylabel("time per call (s)")
+        axes[1][j].set_ylabel("busbw (GB/s)")
+        for ax in (axes[0][j], axes[1][j]):
+            ax.set_xscale("log")
+            ax.set_xlabel("bytes per rank (float32)")
+            ax.grid(True, which="both", alpha=0.3)
+        axes[1][j].set_yscale("log")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle("allreduce, float32 SUM", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out / "peers.png", dpi=110)
+    plt.close(fig)
+    return True
+
+
+# --- main ---------------------------------------------------------------------
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--venvs", help="folder of the environments run.sh made")
+    p.add_argument("--report", metavar="DIR", help="only remake DIR/report.md and DIR/peers.png")
+    p.add_argument("--ns", nargs="+", type=int, default=[2, 4, 8])
+    p.add_argument("--counts", nargs="+", type=lambda s: int(float(s)),
+                   default=[10 ** k for k in range(9)],
+                   help="elements per rank, a geometric ladder (default 1 10 ... 1e8)")
+    p.add_argument("--contenders", nargs="+", choices=list(CONTENDERS),
+                   default=DEFAULT_CONTENDERS)
+    p.add_argument("--algorithms", nargs="+", default=None,
+                   help="pycollective's algorithms (default: every registered one)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--group", type=int, default=3, help="sizes per launch (at most)")
+    p.add_argument("--iters", type=int, default=50, help="timed repetitions per size (at most)")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--budget", type=float, default=1.0,
+                   help="seconds of timed repetitions per size and contender")
+    p.add_argument("--wait", type=float, default=120,
+                   help="seconds to wait before a launch for a quiet machine (then it goes anyway)")
+    p.add_argument("--idle", type=float, default=80, help="percent idle that counts as quiet")
+    p.add_argument("--launch-timeout", type=int, default=900, help="seconds per launch")
+    p.add_argument("--out", default=None)
+    return p.parse_args(argv)
+
+
+def registered_algorithms(venvs):
+    """pycollective's registered algorithms, asked of the MPICH environment."""
+    py = env_python(venvs, CONTENDERS["pycollective"])
+    code = "import pycollective; print(' '.join(pycollective.algorithms()))"
+    return subprocess.run([str(py), "-c", code], check=True, capture_output=True, text=True,
+                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+                          ).stdout.split()
+
+
+def main(argv=None):
+    args = parse(argv)
+    # SIGTERM (also from a shell that ran this in the background, where SIGINT is ignored)
+    # unwinds like Ctrl-C, so the launch under way is stopped too (launch()).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    if args.report:
+        print(report(args.report))
+        return 0
+    if not args.venvs:
+        raise SystemExit("--venvs is required (run.sh gives it)")
+    for key in args.contenders:
+        py = env_python(args.venvs, CONTENDERS[key])
+        if not py.exists():
+            raise SystemExit(f"{key}: no environment at {py.parent.parent} (run.sh makes it)")
+    if any(CONTENDERS[k].kind == "bench" for k in args.contenders) and args.algorithms is None:
+        args.algorithms = registered_algorithms(args.venvs)
+    args.algorithms = args.algorithms or []
+    stamp = time.strftime("%Y-%m-%dT%H%MZ", time.gmtime())
+    out = Path(args.out or ROOT / "benchmarks" / "results" / f"{stamp}-peers")
+    (out / "launches").mkdir(parents=True, exist_ok=True)
+    counts = sorted(set(args.counts))
+    launches, skipped = plan(args.ns, counts, args.rounds, args.group, args.contenders)
+    meta = dict(started_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                hostname=os.uname().nodename, cpu_count=os.cpu_count(),
+                mem_gib=meminfo("MemTotal") / 2 ** 30,
+                command="benchmarks/peers/run.sh " + shlex.join(sys.argv[1:]),
+                ns=args.ns, counts=counts, rounds=args.rounds, group=args.group,
+                iters=args.iters, warmup=args.warmup, budget=args.budget,
+                contenders=args.contenders, algorithms=args.algorithms, skipped=skipped)
+    (out / PLAN).write_text(json.dumps(meta, indent=1))
+    print(f"# {len(launches)} launches into {out}; left out by memory: {skipped or 'none'}",
+          flush=True)
+    with open(out / "points.csv", "w", newline="") as f:
+        csv.DictWriter(f, FIELDS).writeheader()
+    status = 0
+    for i, (r, n, g, key) in enumerate(launches, 1):
+        c = CONTENDERS[key]
+        base = f"{i:03d}_r{r}_N{n}_{key}_{fmt_count(g[0])}-{fmt_count(g[-1])}"
+        json_path, log_path = out / "launches" / f"{base}.json", out / "launches" / f"{base}.log"
+        argv_, extra, limit = command(c, n, g, args, json_path)
+        with open(out / "commands.txt", "a") as f:
+            f.write(" ".join(f"{k}={shlex.quote(v)}" for k, v in extra.items()
+                             if k != "PYCOLLECTIVE_TIMEOUT") + " "
+                    + shlex.join(a.replace(str(ROOT) + "/", "") for a in argv_) + "\n")
+        need = n * g[-1] * 4 * BUFFERS
+        idle, others = wait_quiet(args.wait, args.idle)
+        started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        base_row = dict(round=r, launch=i, contender=key, nranks=n, idle_pct=f"{idle:.0f}",
+                        others=others, started_utc=started)
+        if need > MEMORY_SHARE * meminfo("MemAvailable") / 0.8:
+            rows = [dict(base_row, series="", note=f"not launched: {need / 2**30:.1f} GiB needed, "
+                         f"{meminfo('MemAvailable') / 2**30:.1f} GiB available")]
+            status = 1
+        else:
+            t0 = time.monotonic()
+            rc = launch(argv_, extra, limit, log_path)
+            took = time.monotonic() - t0
+            try:
+                measured, library = rows_of(c, json_path, g)
+                rows = [dict(base_row, series=s, count=cnt, time_s=repr(t), iters=it,
+                             ok=int(ok), wrong=w, pick=pick, library=library,
+                             note=note)
+                        for s, cnt, t, it, ok, w, pick, note in measured]
+                if rc != 0:
+                    status = 1
+                    rows.append(dict(base_row, series="", note=f"exit status {rc}, see {log_path.name}"))
+            except (OSError, ValueError, KeyError) as exc:
+                status = 1
+                rows = [dict(base_row, series="", note=f"exit status {rc}, no result ({exc}); "
+                             f"see launches/{log_path.name}")]
+            shown = [row for row in rows if row.get("series") in (key, f"{key}:auto")]
+            print(f"[{i}/{len(launches)}] round {r} N={n} {key:<20} idle {idle:3.0f}% "
+                  f"{took:5.1f}s  " + "  ".join(
+                      f"{fmt_count(row['count'])}:{fmt_time(float(row['time_s']))}"
+                      f"{'' if row['ok'] else ' WRONG'}" for row in shown)
+                  + "".join(f"  {row['note']}" for row in rows if not row.get("series")),
+                  flush=True)
+        with open(out / "points.csv", "a", newline="") as f:
+            csv.DictWriter(f, FIELDS).writerows(rows)
+    meta["ended_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    (out / PLAN).write_text(json.dumps(meta, indent=1))
+    print(report(out))
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

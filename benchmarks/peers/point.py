@@ -1,0 +1,319 @@
+"""One launch of one peer: time and check an allreduce library at a few sizes.
+
+    mpiexec -n N python point.py mpi  --counts 1 1000 --iters 100 --json out.json
+    torchrun --standalone --nproc-per-node N point.py gloo --counts 1 1000 ...
+
+``mpi`` times ``comm.Allreduce`` of whichever MPI library mpi4py loads in this
+environment (MPICH, Open MPI, Intel MPI); ``pycollective`` times
+``pycollective.allreduce`` on it (``--algorithms``); ``gloo`` times
+``torch.distributed.all_reduce`` on the Gloo backend (CPU tensors).  All are
+timed by the same loop, the same way ``python -m pycollective.bench`` times
+pycollective, so the rows of every contender mean the same thing:
+
+* per size: ``--warmup`` untimed calls, then repetitions of: prepare the
+  buffers (outside the timing), barrier, ``perf_counter`` around one call;
+* the repetitions are ``--iters``, or fewer when ``--budget`` is set: as many
+  as fit in that many seconds judged from the warm-up (never fewer than
+  ``--min-iters``), agreed across ranks;
+* a repetition's time is the maximum over ranks; the row's time is the
+  median over repetitions;
+* every call, warm-up included, is checked element by element against a
+  float64 reference (below); ``wrong`` counts the elements that differ,
+  summed over ranks, worst call.  A row with ``wrong > 0`` does not count.
+
+Data: rank r holds x[i] = a(i) + r*b(i) with a in [-15, 15] and b in [-7, 7]
+small integers from a hash of the index i (no short period for a misplaced
+chunk to hide in, every rank's share visible in the sum), so the sum over N
+ranks is N*a(i) + N(N-1)/2*b(i), computed in float64 without any
+communication, and every partial sum any algorithm can form is an integer far
+below 2**24: exact in float32 in any order.  The check therefore allows no
+difference at all.
+
+Out of place for MPI (the result buffer is filled with NaN before every
+repetition, so a call that writes nothing is caught); in place for Gloo,
+whose all_reduce has no other form (the buffer is refilled from the input
+before every repetition).
+
+Rank 0 writes the JSON; the exit status is 1 if any element was wrong.
+Only the standard library, numpy, and mpi4py or torch are needed.
+"""
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import sys
+import time
+import zlib
+
+import numpy as np
+
+BLOCK = 1 << 20  # elements per block when generating data (bounds temporaries)
+SCHEMA = "pycollective-peers-point/1"
+
+
+# --- data and reference -----------------------------------------------------
+
+def _hash_terms(start, stop):
+    """a(i), b(i) for i in [start, stop): small integers from a 64-bit multiplicative hash."""
+    i = np.arange(start, stop, dtype=np.uint64)
+    h = (i + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15)  # wraps modulo 2**64, as wanted
+    h ^= h >> np.uint64(29)
+    a = (h % np.uint64(31)).astype(np.int64) - 15
+    b = ((h >> np.uint64(32)) % np.uint64(15)).astype(np.int64) - 7
+    return a, b
+
+
+def fill_input(x, rank):
+    """x[i] = a(i) + rank*b(i)."""
+    for start in range(0, x.size, BLOCK):
+        stop = min(start + BLOCK, x.size)
+        a, b = _hash_terms(start, stop)
+        x[start:stop] = a + rank * b
+
+
+def reference(count, nranks):
+    """The exact sum over ranks, computed in float64 and returned as float32.
+
+    Raises if the float32 copy is not exactly the float64 value (it always is
+    for the sizes of rank counts used here; the check keeps the claim honest).
+    """
+    out = np.empty(count, np.float32)
+    for start in range(0, count, BLOCK):
+        stop = min(start + BLOCK, count)
+        a, b = _hash_terms(start, stop)
+        exact = nranks * a.astype(np.float64) + (nranks * (nranks - 1) / 2) * b.astype(np.float64)
+        out[start:stop] = exact
+        if not np.array_equal(out[start:stop].astype(np.float64), exact):
+            raise ValueError("the float64 reference is not exact in float32")
+    return out
+
+
+def wrong_elements(result, expected):
+    """(elements that differ, largest difference; inf when a NaN stands where a number belongs)."""
+    bad = result != expected  # NaN != anything: an unwritten result counts as wrong
+    n = int(np.count_nonzero(bad))
+    if not n:
+        return 0, 0.0
+    diff = np.abs(result[bad].astype(np.float64) - expected[bad].astype(np.float64))
+    return n, float(np.nan_to_num(diff, nan=np.inf).max())
+
+
+# --- backends: what differs between the libraries ---------------------------
+
+class MpiBackend:
+    """``comm.Allreduce`` out of place, through mpi4py."""
+
+    name = "mpi"
+
+    def __init__(self):
+        from mpi4py import MPI
+        self.MPI = MPI
+        self.comm = MPI.COMM_WORLD
+        self.rank, self.nranks = self.comm.Get_rank(), self.comm.Get_size()
+        version = MPI.Get_library_version().strip()
+        self.library = " ".join(version.splitlines()[0].split())
+        import mpi4py
+        self.versions = {"mpi4py": mpi4py.__version__, "mpi_library_version": version}
+
+    def buffers(self, x):
+        self.x, self.out = x, np.empty_like(x)
+        self.crc = zlib.crc32(x)
+
+    def prepare(self):
+        self.out.fill(np.nan)
+
+    def call(self):
+        self.comm.Allreduce(self.x, self.out, op=self.MPI.SUM)
+
+    def result(self):
+        return self.out
+
+    def input_intact(self):
+        return zlib.crc32(self.x) == self.crc
+
+    def barrier(self):
+        self.comm.Barrier()
+
+    def reduce(self, values, op):
+        values = np.ascontiguousarray(values, dtype=np.float64)
+        out = np.empty_like(values)
+        self.comm.Allreduce(values, out, op={"max": self.MPI.MAX, "sum": self.MPI.SUM}[op])
+        return out
+
+    def close(self):
+        pass
+
+
+class GlooBackend:
+    """``torch.distributed.all_reduce`` on the Gloo backend, in place on a CPU tensor.
+
+    Rank and size come from torchrun (RANK, WORLD_SIZE, MASTER_ADDR,
+    MASTER_PORT), or from an MPI launcher's PMI_RANK / PMI_SIZE (then the
+    rendezvous is on 127.0.0.1:$MASTER_PORT, default 29500).
+    """
+
+    name = "gloo"
+
+    def __init__(self):
+        import torch
+        import torch.distributed as dist
+        self.torch, self.dist = torch, dist
+        env = os.environ
+        if "RANK" not in env and "PMI_RANK" in env:
+            env["RANK"], env["WORLD_SIZE"] = env["PMI_RANK"], env["PMI_SIZE"]
+            env.setdefault("MASTER_ADDR", "127.0.0.1")
+            env.setdefault("MASTER_PORT", "29500")
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo")
+        self.rank, self.nranks = dist.get_rank(), dist.get_world_size()
+        self.library = f"torch {torch.__version__} Gloo"
+        self.versions = {"torch": torch.__version__}
+
+    def buffers(self, x):
+        self.x = x
+        self.work = np.empty_like(x)
+        self.tensor = self.torch.from_numpy(self.work)  # shares memory with self.work
+
+    def prepare(self):
+        np.copyto(self.work, self.x)
+
+    def call(self):
+        self.dist.all_reduce(self.tensor)
+
+    def result(self):
+        return self.work
+
+    def input_intact(self):
+        return True  # in place by design: the input is restored before every repetition
+
+    def barrier(self):
+        self.dist.barrier()
+
+    def reduce(self, values, op):
+        t = self.torch.tensor(np.asarray(values, dtype=np.float64))
+        self.dist.all_reduce(t, op={"max": self.dist.ReduceOp.MAX,
+                                    "sum": self.dist.ReduceOp.SUM}[op])
+        return t.numpy()
+
+    def close(self):
+        self.dist.destroy_process_group()
+
+
+class PycollectiveBackend(MpiBackend):
+    """``pycollective.allreduce(x, out, "sum", algorithm=...)`` out of place, on mpi4py.
+
+    The same loop as the peers, one algorithm after another at each size
+    (``--algorithms``), for comparing with how ``python -m pycollective.bench``
+    times them (interleaved with each other and with native MPI).
+    """
+
+    name = "pycollective"
+
+    def __init__(self):
+        super().__init__()
+        import pycollective
+        self.pycollective = pycollective
+        self.algorithm = "auto"
+        self.library = f"pycollective on {self.library}"
+
+    def call(self):
+        self.pycollective.allreduce(self.x, self.out, "sum", comm=self.comm,
+                                    algorithm=self.algorithm)
+
+
+BACKENDS = {"mpi": MpiBackend, "gloo": GlooBackend, "pycollective": PycollectiveBackend}
+
+
+# --- the loop ---------------------------------------------------------------
+
+def measure(be, count, *, iters, warmup, budget, min_iters):
+    """One row: the timing and the check of ``count`` elements per rank (collective)."""
+    x = np.empty(count, np.float32)
+    fill_input(x, be.rank)
+    expected = reference(count, be.nranks)
+    be.buffers(x)
+    worst, maxerr = 0, 0.0
+
+    def one():
+        nonlocal worst, maxerr
+        be.prepare()
+        be.barrier()
+        t0 = time.perf_counter()
+        be.call()
+        seconds = time.perf_counter() - t0
+        n, err = wrong_elements(be.result(), expected)
+        worst, maxerr = max(worst, n), max(maxerr, err)
+        return seconds
+
+    spent = sum(one() for _ in range(warmup))
+    if budget is not None and warmup > 0:
+        per_call = be.reduce([spent / warmup], "max")[0]
+        if per_call > 0:
+            iters = max(min_iters, min(iters, int(budget / per_call)))
+    local = [one() for _ in range(iters)]
+    times = be.reduce(local, "max") if iters else np.zeros(0)
+    wrong, changed = be.reduce([worst, 0 if be.input_intact() else 1], "sum")
+    err = be.reduce([maxerr], "max")[0]
+    median = statistics.median(times) if iters else None
+    nbytes = count * 4
+    factor = 2 * (be.nranks - 1) / be.nranks
+    return dict(count=count, bytes=nbytes, iters=iters, warmup=warmup,
+                times=[float(t) for t in times], time=median,
+                busbw=(nbytes / median * factor / 1e9) if median else None,
+                wrong=int(wrong), maxerr=float(err), input_intact=bool(changed == 0))
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("backend", choices=sorted(BACKENDS))
+    p.add_argument("--counts", nargs="+", required=True, type=lambda s: int(float(s)),
+                   help="elements per rank (float32), e.g. 1 1e3 1e5")
+    p.add_argument("--iters", type=int, default=20, help="timed repetitions per size (at most)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed calls per size")
+    p.add_argument("--budget", type=float, default=None,
+                   help="seconds of timed repetitions per size (fewer repetitions when slow)")
+    p.add_argument("--min-iters", type=int, default=3)
+    p.add_argument("--algorithms", nargs="+", default=["auto"],
+                   help="pycollective backend: the algorithms to time, one after another")
+    p.add_argument("--json", required=True, help="where rank 0 writes the rows")
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse(argv)
+    be = BACKENDS[args.backend]()
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    rows = []
+    for c in args.counts:
+        for algorithm in args.algorithms if args.backend == "pycollective" else [None]:
+            if algorithm is not None:
+                be.algorithm = algorithm
+            row = measure(be, c, iters=args.iters, warmup=args.warmup, budget=args.budget,
+                          min_iters=args.min_iters)
+            rows.append(dict(row, algorithm=algorithm) if algorithm else row)
+    if be.rank == 0:
+        report = dict(schema=SCHEMA, backend=be.name, library=be.library, nranks=be.nranks,
+                      hostname=socket.gethostname(), cpu_count=os.cpu_count(),
+                      python=platform.python_version(), numpy=np.__version__,
+                      versions=be.versions, argv=sys.argv, started_utc=started,
+                      ended_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), rows=rows)
+        tmp = args.json + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(report, f, indent=1)
+        os.replace(tmp, args.json)
+        for r in rows:
+            sys.stdout.write(f"# {be.library}{' ' + r['algorithm'] if 'algorithm' in r else ''}, "
+                             f"N={be.nranks}, M={r['count']}: "
+                             f"{r['time'] * 1e6 if r['time'] else float('nan'):.1f} us "
+                             f"median of {r['iters']}, wrong {r['wrong']}\n")
+    bad = any(r["wrong"] or not r["input_intact"] for r in rows)
+    be.close()
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""benchmarks/peers: the data and its check, the launch plan, and the report's arithmetic.
+
+No MPI here: the launches themselves are what `benchmarks/peers/run.sh` runs.
+"""
+
+import csv
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pycollective.bench._allreduce import sweep_counts
+
+PEERS = Path(__file__).resolve().parents[1] / "benchmarks" / "peers"
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(f"peers_{name}", PEERS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+point = _load("point")
+compare = _load("compare")
+
+
+@pytest.mark.parametrize("count", [0, 1, 17, point.BLOCK + 3])
+@pytest.mark.parametrize("nranks", [1, 2, 3, 8])
+def test_reference_is_the_sum_of_every_ranks_input(count, nranks):
+    total = np.zeros(count, np.float64)
+    for rank in range(nranks):
+        x = np.empty(count, np.float32)
+        point.fill_input(x, rank)
+        total += x
+    assert np.array_equal(point.reference(count, nranks), total)
+
+
+def test_inputs_differ_by_rank_and_index():
+    x0, x1 = np.empty(1000, np.float32), np.empty(1000, np.float32)
+    point.fill_input(x0, 0)
+    point.fill_input(x1, 1)
+    assert len(np.unique(x0)) > 20 and np.count_nonzero(x0 != x1) > 800
+    # No short period for a misplaced chunk to hide in.
+    assert all(np.count_nonzero(x1[k:] != x1[:-k]) > 0.8 * (1000 - k) for k in (1, 2, 8, 100))
+
+
+def test_wrong_elements_catches_shifts_gaps_and_nans():
+    ref = point.reference(1000, 4)
+    assert point.wrong_elements(ref.copy(), ref) == (0, 0.0)
+    shifted = np.roll(ref, 100)
+    assert point.wrong_elements(shifted, ref)[0] > 800
+    gap = ref.copy()
+    gap[500:] = np.nan  # a result never written
+    n, err = point.wrong_elements(gap, ref)
+    assert n == 500 and err == float("inf")
+    missing_rank = ref.copy()
+    x = np.empty(1000, np.float32)
+    point.fill_input(x, 3)
+    missing_rank -= x
+    assert point.wrong_elements(missing_rank, ref)[0] > 800
+
+
+def test_plan_rotates_the_contenders_and_caps_by_memory():
+    counts = [10 ** k for k in range(9)]
+    launches, skipped = compare.plan([2, 8], counts, 2, 3, ["a", "b", "c"], total=24 * 2 ** 30)
+    assert skipped == [(8, 10 ** 8)]  # 8 ranks x 8 buffers x 400 MB > 60 % of 24 GiB
+    assert {g for _, n, g, _ in launches if n == 2} == {(1, 10, 100), (1000, 10 ** 4, 10 ** 5),
+                                                         (10 ** 6, 10 ** 7, 10 ** 8)}
+    assert max(g[-1] for _, n, g, _ in launches if n == 8) == 10 ** 7
+    firsts = [launches[i][3] for i in range(0, len(launches), 3)]
+    assert {firsts.count(k) for k in "abc"} == {4}  # 12 groups: each goes first 4 times
+    assert all(sorted(k for *_, k in launches[i:i + 3]) == ["a", "b", "c"]
+               for i in range(0, len(launches), 3))
+
+
+@pytest.mark.parametrize("group", [[1], [1, 10, 100], [1000, 10 ** 4, 10 ** 5], [10 ** 6, 10 ** 8],
+                                   [1, 32, 1000]])
+def test_bench_sweeps_exactly_the_group(group):
+    args = compare.bench_counts_args(group)
+    if args[0] == "--M":
+        assert [int(args[1])] == group
+    else:
+        lo, hi, f = int(args[1]), int(args[3]), float(args[5])
+        assert sweep_counts(lo, hi, f) == group
+
+
+def test_a_group_no_sweep_can_make_is_refused():
+    assert compare.bench_counts_args([1, 10, 1000]) is None
+
+
+def test_groups_are_sweeps_the_bench_can_make():
+    assert compare.groups([1, 1000, 10 ** 5, 10 ** 7, 10 ** 8], 3) == [
+        (1, 1000), (10 ** 5, 10 ** 7), (10 ** 8,)]  # 1, 1e3, 1e5 is no geometric sweep
+    assert compare.groups([1, 10, 100, 1000], 2) == [(1, 10), (100, 1000)]
+
+
+def _points(tmp_path, rows):
+    with open(tmp_path / "points.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, compare.FIELDS)
+        writer.writeheader()
+        for i, (rnd, series, n, c, t, ok) in enumerate(rows):
+            writer.writerow(dict(round=rnd, launch=i, contender=series.split(":")[0], series=series,
+                                 nranks=n, count=c, time_s=repr(t), iters=5, ok=int(ok), wrong=0,
+                                 pick="shm" if series.endswith(":auto") else "",
+                                 library="MPICH Version: 5.0.2", idle_pct="90", others=0,
+                                 started_utc="", note=""))
+
+
+def test_median_over_rounds_counts_only_right_results(tmp_path):
+    _points(tmp_path, [
+        (1, "mpich", 2, 10, 3.0, True), (2, "mpich", 2, 10, 1.0, True),
+        (3, "mpich", 2, 10, 2.0, True), (4, "mpich", 2, 10, 0.1, False),  # wrong: not counted
+        (1, "pycollective:shm", 2, 10, 0.5, True), (1, "pycollective:ring", 2, 10, 0.7, True),
+        (1, "pycollective:auto", 2, 10, 0.6, True), (1, "pycollective:native", 2, 10, 0.1, True),
+        (1, "gloo", 2, 10, 9.0, False)])
+    summary, _ = compare.aggregate(compare.read_points(tmp_path / "points.csv"))
+    mpich = summary[("mpich", 2, 10)]
+    assert (mpich["time"], mpich["rounds"], mpich["failed"]) == (2.0, 3, 1)
+    assert mpich["spread"] == pytest.approx(1.0)
+    assert summary[("gloo", 2, 10)]["time"] is None
+    assert compare.best_of_ours(summary, 2, 10)[0] == "shm"  # native and auto are not ours
+    text = compare.report(tmp_path).read_text()
+    assert "| 2 | 1e1 | 500 ms (shm) | 600 ms (shm) | **2 s** |" in text
+    assert "| ✗ | 0.25 | 1.20 |" in text  # Gloo never right; ours / fastest peer; auto / best
+
+
+@pytest.mark.parametrize("text, short", [
+    ("MPICH Version: 5.0.2", "MPICH 5.0.2"),
+    ("Open MPI v5.0.11, package: Open MPI user@localhost Distribution, ident: 5.0.11",
+     "Open MPI 5.0.11"),
+    ("Intel(R) MPI Library 2021.19.0 for Linux* OS", "Intel MPI 2021.19.0"),
+    ("torch 2.13.0+cpu Gloo", "torch Gloo 2.13.0+cpu")])
+def test_library_names(text, short):
+    assert compare.short_library(text) == short
