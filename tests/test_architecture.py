@@ -22,6 +22,7 @@ ROOT = "pycollective"
 LAYERS = [
     # 0: no MPI state of their own
     {"_env", "_ops", "_units", "_table", "_timing", "_root", "_exact", "_about", "_kernels",
+     "compression",
      "_partition", "_registry", "_errors", "_atomics", "_settings"},
     {"_watch", "_context"},
     {"_shmem", "_cma"},
