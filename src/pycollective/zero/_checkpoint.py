@@ -84,7 +84,7 @@ def _read(opt, prefix):
     path = checkpoint_path(prefix, opt.rank, opt.nranks)
     if not os.path.exists(path):
         sizes = _recorded_sizes(prefix)
-        if sizes:
+        if sizes and opt.nranks not in sizes:
             raise ValueError(f"the checkpoint {prefix} was written by "
                              f"{' or '.join(map(str, sizes))} ranks; this run has {opt.nranks} "
                              "(a shard belongs to its world size: resume on as many ranks)")

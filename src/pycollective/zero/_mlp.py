@@ -64,6 +64,12 @@ class MLP:
         Returns:
             ``(sum of this rank's losses, whether the step was applied)``.
         """
+        # Overflow is expected now and then in two-byte precisions: the
+        # optimizer finds it in the gradients and skips the step everywhere.
+        with np.errstate(over="ignore", invalid="ignore"):
+            return self._train_step(opt, x, y, batch_size)
+
+    def _train_step(self, opt, x, y, batch_size):
         dtype = opt.dtype
         h = x.astype(dtype)
         acts, pres = [], []
