@@ -195,3 +195,24 @@ def test_resolve_op_rejects(op):
 def test_unsupported_dtypes(dtype):
     with pytest.raises(TypeError, match="unsupported dtype"):
         get_kernel("sum", dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float16), BFLOAT16], ids=str)
+@pytest.mark.parametrize("src", [np.float32, np.float64], ids=str)
+def test_conversions_round_once(dtype, src):
+    """to_two_bytes matches a single correct rounding; from_two_bytes widens exactly."""
+    from pycollective._kernels import from_two_bytes, to_two_bytes
+    rng = np.random.default_rng(8)
+    x = (rng.standard_normal(20000) * np.exp2(rng.uniform(-30, 20, 20000))).astype(src)
+    x[:4] = [np.inf, -np.inf, np.nan, -0.0]
+    with np.errstate(all="ignore"):
+        for divide in (1, 3, 8):
+            want, nan = _round_reference(x.astype(np.float64) / divide, dtype)
+            got = to_two_bytes(x, dtype, divide)
+            assert np.array_equal(np.isnan(got.astype(np.float32)), nan)
+            assert np.array_equal(got.view(np.uint16)[~nan], want[~nan]), divide
+        wide = from_two_bytes(got, np.float64, 8)
+        assert np.array_equal(wide[~nan], got[~nan].astype(np.float64) * 8)
+        if dtype == BFLOAT16 and src == np.float32:  # ml_dtypes rounds float32 once, correctly
+            assert np.array_equal(to_two_bytes(x, dtype).view(np.uint16)[4:],
+                                  x.astype(dtype).view(np.uint16)[4:])

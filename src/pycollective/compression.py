@@ -19,11 +19,13 @@ formed in two-byte arithmetic.
 
 Pre-division.  float16's largest value is 65504, so the sum of N gradients
 can overflow where each one does not.  :data:`FP16` therefore divides by N
-before compressing and multiplies by N after decompressing (what torch's
+while compressing and multiplies by N while decompressing (what torch's
 fp16 compress hook does by dividing first): every partial sum is then at
-most the largest input in magnitude.  bfloat16 has float32's exponent range,
-so :data:`BF16` does not.  A compressor asks for it with an attribute
-``divide_first = True``.
+most the largest input in magnitude.  The quotient is rounded once (formed
+in float64), so dividing costs no accuracy beyond pushing tiny values
+towards float16's subnormals.  bfloat16 has float32's exponent range, so
+:data:`BF16` does not divide.  A compressor asks for it with an attribute
+``divide_first = True`` and is then called as ``compress(array, divide=N)``.
 
 Error.  For the built-in compressors (:class:`Cast`), :meth:`Cast.error_bound`
 states the largest possible difference from the exact sum, per element; the
@@ -37,10 +39,10 @@ additions any algorithm here makes; a tree makes only log2 N).
 import numpy as np
 from mpi4py import MPI
 
-from ._kernels import BFLOAT16, float_info, is_float
+from ._kernels import BFLOAT16, float_info, from_two_bytes, is_float, to_two_bytes
 from ._ops import resolve_op
 
-__all__ = ["Cast", "FP16", "BF16", "resolve", "allreduce", "applies", "CHOICES"]
+__all__ = ["Cast", "FP16", "BF16", "resolve", "allreduce", "applies", "compress_for", "CHOICES"]
 
 _U32 = 2.0 ** -24                   # unit roundoff of float32
 _ETA32 = 2.0 ** -150                # half of float32's smallest subnormal
@@ -65,13 +67,20 @@ class Cast:
     def __repr__(self):
         return f"<pycollective compression {self.name}: {self.wire.name} on the wire>"
 
-    def compress(self, array):
-        """``(array as the wire dtype, the original dtype)``."""
-        return array.astype(self.wire), array.dtype
+    def compress(self, array, divide=1):
+        """``(array / divide rounded once to the wire dtype, (dtype, divide))``."""
+        if array.dtype in (np.float32, np.float64):
+            return to_two_bytes(array, self.wire, divide), (array.dtype, divide)
+        # two-byte inputs: numpy's (ml_dtypes') casts, through float32
+        return (array.astype(np.float32) / np.float32(divide)).astype(self.wire), \
+            (array.dtype, divide)
 
     def decompress(self, buf, ctx):
-        """The reduced wire buffer as the original dtype (exact: widening)."""
-        return buf.astype(ctx)
+        """The reduced wire buffer times ``divide`` as the original dtype (one rounding)."""
+        dtype, divide = ctx
+        if dtype in (np.float32, np.float64):
+            return from_two_bytes(buf, dtype, divide)
+        return (buf.astype(np.float32) * np.float32(divide)).astype(dtype)
 
     def error_bound(self, abs_sum, nranks):
         """Largest |compressed allreduce - exact sum| per element, without overflow.
@@ -193,17 +202,18 @@ def allreduce(reduce, sendbuf, recvbuf, op, compress, *, comm=None, **kwargs):
             pass  # the others raise from this disagreement; this rank raises its own
         raise
     nranks = (MPI.COMM_WORLD if comm is None else comm).Get_size()
-    scale = nranks if getattr(compressor, "divide_first", False) and nranks > 1 else 1
-    if scale != 1:
-        src = src / src.dtype.type(scale)  # before compressing: keeps partial sums in range
-    wire, ctx = compressor.compress(src)
+    wire, ctx = compress_for(compressor, src, nranks)
     reduce(MPI.IN_PLACE, wire, "sum", comm=comm, **kwargs)
-    out = np.asarray(compressor.decompress(wire, ctx)).reshape(-1)
-    flat = dst.reshape(-1)  # a view for contiguous arrays; checked below
-    if scale != 1:
-        np.multiply(out, out.dtype.type(scale), out=flat, casting="unsafe")
-    else:
-        flat[...] = out
-    if not np.shares_memory(flat, dst):
-        dst[...] = flat.reshape(dst.shape)
+    dst[...] = np.asarray(compressor.decompress(wire, ctx)).reshape(dst.shape)
     return recvbuf
+
+
+def compress_for(compressor, array, nranks):
+    """``compressor.compress(array)``, divided by ``nranks`` first if the compressor asks.
+
+    A compressor with ``divide_first = True`` is called as
+    ``compress(array, divide=N)``; its ``decompress`` multiplies back.
+    """
+    if getattr(compressor, "divide_first", False) and nranks > 1:
+        return compressor.compress(array, divide=nranks)
+    return compressor.compress(array)

@@ -19,7 +19,7 @@ every element in the same order (float32 results are then bitwise equal).
 Compression.  Gradients can travel compressed (:mod:`pycollective.compression`):
 :meth:`Comms.to_wire` compresses (dividing by N first if the compressor
 asks), the reduction runs on the wire buffer, and :meth:`Comms.from_wire`
-decompresses a reduced slice into float32, multiplies by N again and
+decompresses a reduced slice into float32 (multiplying by N again) and
 divides by the loss scale.  Compressors must be element-wise (decompressing
 a slice of the buffer gives that slice of the result), as casts are.
 """
@@ -68,8 +68,6 @@ class Comms:
         self.comm = comm
         self.nranks, self.rank = comm.Get_size(), comm.Get_rank()
         self.compressor = _compression.resolve(compress)
-        divide = getattr(self.compressor, "divide_first", False)
-        self.divide = self.nranks if divide and self.nranks > 1 else 1
         self.traffic = Traffic()
 
     # --- counted collectives ---------------------------------------------------
@@ -122,14 +120,11 @@ class Comms:
         """``(buffer to reduce, context)``: ``grads`` itself when uncompressed."""
         if self.compressor is None:
             return grads, None
-        src = grads / grads.dtype.type(self.divide) if self.divide != 1 else grads
-        return self.compressor.compress(src)
+        return _compression.compress_for(self.compressor, grads, self.nranks)
 
     def from_wire(self, reduced, ctx, out, scale):
-        """``out`` (float32) = the reduced gradient slice ``reduced``, times N if divided, / scale."""
-        values = reduced if self.compressor is None else self.compressor.decompress(reduced, ctx)
-        out[...] = values
-        factor = self.divide / scale
-        if factor != 1:
-            out *= np.float32(factor)
+        """``out`` (float32) = the reduced gradient slice ``reduced``, decompressed, / scale."""
+        out[...] = reduced if self.compressor is None else self.compressor.decompress(reduced, ctx)
+        if scale != 1:
+            out *= np.float32(1 / scale)
         return out
