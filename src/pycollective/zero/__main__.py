@@ -16,6 +16,8 @@ Columns of the ledger (one row per N and stage; bytes per rank):
   lecture sent   2M(N-1)/N (stages 0-2), 3M(N-1)/N (stage 3)
   comm ms        time in the step's collectives (slowest rank)
   model ms       alpha-beta-gamma prediction of those collectives
+  comm/model     their ratio (ranks beyond the cores, or a loaded machine,
+                 inflate it: every step of a ring waits for a descheduled peer)
 """
 
 import argparse
@@ -56,6 +58,7 @@ COLUMNS = [
     ("sent/lecture", lambda r: _ratio(r["sent"], r["sent_formula"])),
     ("comm ms", lambda r: fmt_num(r["comm_s"] * 1e3)),
     ("model ms", lambda r: fmt_num(r["predicted_s"] * 1e3)),
+    ("comm/model", lambda r: "-" if not r["predicted_s"] else fmt_num(r["comm_s"] / r["predicted_s"])),
 ]
 
 
@@ -106,6 +109,7 @@ def main(argv=None):
                   f"{args.precision} on {world.Get_size()} ranks; MLP of {rows[0]['count']} "
                   "parameters; bytes per rank (rank 0), MB = 1e6 B", file=out)
             print(format_table(COLUMNS, rows, prefix="# "), file=out)
+            print(f"# model parameters: {rows[0]['params_source']}", file=out)
             if args.json:
                 with open(args.json, "w") as f:
                     json.dump(rows, f, indent=1)

@@ -18,7 +18,8 @@ and a measured step on random data, and records per rank:
   (stages 0-2) and ``3M(N-1)/N`` (stage 3);
 * the time its collectives took (slowest rank) beside the α-β-γ prediction
   of :func:`pycollective.model.ledger.stage_comm_time` with this machine's
-  calibration (or the model's defaults).
+  calibration (or the model's defaults, which price every dtype's reduction
+  at float32's γ), for the wire dtype at the layers' size.
 """
 
 import ctypes
@@ -29,6 +30,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from ..model.choice import rates
 from ..model.ledger import STAGES, memory_per_rank, stage_comm_time, traffic_per_rank
 from ..model.params import load_params, params_for
 from ._mlp import MLP
@@ -105,7 +107,8 @@ def _one(comm, model, stage, precision, batch, seed):
                comm_s=opt.comms.traffic.seconds, step_s=step_s,
                rss=None if before is None else now - before,
                peak_rss=None if (before is None or not resettable) else peak - before,
-               layers=[layer.size for layer in opt.layers], itemsize=opt.dtype.itemsize)
+               layers=[layer.size for layer in opt.layers], itemsize=opt.dtype.itemsize,
+               dtype=opt.wire.name)
     return out
 
 
@@ -153,6 +156,9 @@ def measure(world, count, *, sizes=(1, 2, 4, 8), stages=STAGES, precision="fp16"
             got = world.bcast(mine, root=0)
             flat = params_for(params, n)
             w = got["itemsize"]
+            # β and γ of the wire dtype at the layers' size (γ of float16 is
+            # its own where calibrated: reducing it costs more than float32)
+            beta, gamma = rates(flat, max(got["layers"]), np.dtype(got["dtype"]))
             formula = memory_per_rank(stage, model.count, n, working_bytes=w)
             rows.append(dict(
                 nranks=n, stage=stage, count=model.count, precision=precision,
@@ -164,7 +170,8 @@ def measure(world, count, *, sizes=(1, 2, 4, 8), stages=STAGES, precision="fp16"
                 calls=got["calls"], comm_s=got["comm_s"], step_s=got["step_s"],
                 layers=got["layers"],
                 predicted_s=stage_comm_time(stage, got["layers"], n, w, alpha=flat["alpha"],
-                                            beta=flat["beta"], gamma=flat["gamma"])))
+                                            beta=beta, gamma=gamma),
+                params_source=flat.get("source")))
         if comm != MPI.COMM_NULL:
             comm.Free()
     return rows
