@@ -157,6 +157,32 @@ def digest(params):
     return h.digest()
 
 
+class Reference:
+    """The single-process model trained alongside on the whole global batch, for comparison."""
+
+    def __init__(self, sizes, dtype, seed, optimizer, lr, tolerance):
+        self.params = init_params(sizes, dtype, seed)
+        self.opt = OPTIMIZERS[optimizer](self.params, lr)
+        self.grads = [np.empty_like(p) for p in self.params]
+        self.tolerance, self.max_dev = tolerance, 0.0
+
+    def step(self, x, y, batch_size):
+        acts, pres, logits = forward(self.params, x)
+        _, delta = loss_and_delta(logits, y, 1.0 / batch_size)
+        backward(self.params, acts, pres, delta, self.grads)
+        self.opt.step(self.params, self.grads)
+
+    def check(self, params, step_no, what="parameters"):
+        """Raise if ``params`` (same layout) are more than ``tolerance`` (relative) away."""
+        scale = max(float(np.abs(p).max()) for p in self.params)
+        dev = max(float(np.abs(np.reshape(p, q.shape) - q).max())
+                  for p, q in zip(params, self.params)) / scale
+        self.max_dev = max(self.max_dev, dev)
+        if dev > self.tolerance:
+            raise RuntimeError(f"step {step_no}: {what} are {dev:.3g} (relative) away "
+                               f"from single-process training, above {self.tolerance:g}")
+
+
 # --- one data-parallel step ---------------------------------------------------------
 
 def step(comm, params, opt, buckets, x, y, batch_size, mode):
@@ -222,14 +248,11 @@ def train(comm, *, epochs=10, batch_size=64, hidden=(64, 64), lr=0.01, optimizer
     params = init_params(sizes, dtype, seed)
     opt = OPTIMIZERS[optimizer](params, lr)
     buckets = make_buckets(comm, params, mode, cap_bytes)
-    if reference:
-        ref_params = init_params(sizes, dtype, seed)
-        ref_opt = OPTIMIZERS[optimizer](ref_params, lr)
-        ref_grads = [np.empty_like(p) for p in ref_params]
+    ref = Reference(sizes, dtype, seed, optimizer, lr, tolerance) if reference else None
     order_rng = np.random.default_rng(seed + 1)
     nbatches = len(ytr) // batch_size
     offset, length = partition(batch_size, size, rank)
-    history, max_dev, steps = [], 0.0, 0
+    history, steps = [], 0
     if out is not None and rank == 0:
         print(f"# {size} rank(s), allreduce={_label(comm)}, mode={mode}, {buckets.nbuckets} "
               f"bucket(s), model {sizes}, {optimizer} lr={lr}, global batch {batch_size}, "
@@ -253,21 +276,10 @@ def train(comm, *, epochs=10, batch_size=64, hidden=(64, 64), lr=0.01, optimizer
             t_comm += tm
             steps += 1
             # Check, not assume: every rank holds the very same bytes.
-            digests = comm.allgather(digest(params))
-            if any(d != digests[0] for d in digests):
-                bad = [r for r, d in enumerate(digests) if d != digests[0]]
-                raise RuntimeError(f"step {steps}: parameters differ on ranks {bad} from rank 0")
-            if reference:
-                acts, pres, logits = forward(ref_params, xtr[batch])
-                _, delta = loss_and_delta(logits, ytr[batch], 1.0 / batch_size)
-                backward(ref_params, acts, pres, delta, ref_grads)
-                ref_opt.step(ref_params, ref_grads)
-                scale = max(float(np.abs(p).max()) for p in ref_params)
-                dev = max(float(np.abs(p - q).max()) for p, q in zip(params, ref_params)) / scale
-                max_dev = max(max_dev, dev)
-                if dev > tolerance:
-                    raise RuntimeError(f"step {steps}: parameters are {dev:.3g} (relative) away "
-                                       f"from single-process training, above {tolerance:g}")
+            check_replicas(comm, params, steps)
+            if ref is not None:
+                ref.step(xtr[batch], ytr[batch], batch_size)
+                ref.check(params, steps)
         loss_mean = comm.allreduce(loss_sum) / (nbatches * batch_size)
         acc = accuracy(params, xte, yte)
         t_compute = comm.allreduce(t_compute, op=MPI.MAX)
@@ -275,11 +287,12 @@ def train(comm, *, epochs=10, batch_size=64, hidden=(64, 64), lr=0.01, optimizer
         history.append(dict(epoch=epoch + 1, loss=loss_mean, accuracy=acc,
                             compute=t_compute, comm=t_comm))
         if out is not None and rank == 0:
-            dev_text = f"{max_dev:11.2e}" if reference else f"{'-':>11}"
+            dev_text = f"{ref.max_dev:11.2e}" if ref else f"{'-':>11}"
             print(f"{epoch + 1:5d} {loss_mean:8.4f} {acc:8.4f} {t_compute:9.3f} {t_comm:8.3f} "
                   f"{dev_text}", file=out)
     return dict(history=history, accuracy=history[-1]["accuracy"] if history else None,
-                max_deviation=max_dev, steps=steps, nbuckets=buckets.nbuckets)
+                max_deviation=ref.max_dev if ref else 0.0, steps=steps,
+                nbuckets=buckets.nbuckets)
 
 
 # --- mixed precision and ZeRO --------------------------------------------------------------
@@ -325,15 +338,13 @@ def train_zero(comm, *, stage=0, precision="fp32", compress=None, epochs=10, bat
     opt = zero.ZeroOptimizer(model.init(seed), model.layers, comm, stage=stage,
                              precision=precision, compress=compress,
                              optimizer=lambda ps: Adam(ps, lr))
-    reference = reference and precision == "fp32" and compress is None
-    if reference:
-        ref_params = init_params(sizes, "float32", seed)
-        ref_opt = Adam(ref_params, lr)
-        ref_grads = [np.empty_like(p) for p in ref_params]
+    ref = None
+    if reference and precision == "fp32" and compress is None:
+        ref = Reference(sizes, "float32", seed, "adam", lr, tolerance)
     order_rng = np.random.default_rng(seed + 1)
     nbatches = len(ytr) // batch_size
     offset, length = partition(batch_size, size, rank)
-    history, max_dev, nsteps, skipped = [], 0.0, 0, 0
+    history, nsteps, skipped = [], 0, 0
     if out is not None and rank == 0:
         print(f"# {size} rank(s), ZeRO stage {stage}, precision {precision}, gradients travel "
               f"as {compress or precision}, model {sizes} ({model.count} parameters), adam "
@@ -353,27 +364,20 @@ def train_zero(comm, *, stage=0, precision="fp32", compress=None, epochs=10, bat
             skipped += not applied
             nsteps += 1
             check_replicas(comm, opt.full_params(), nsteps)
-            if reference:
-                acts, pres, logits = forward(ref_params, xtr[batch])
-                _, delta = loss_and_delta(logits, ytr[batch], 1.0 / batch_size)
-                backward(ref_params, acts, pres, delta, ref_grads)
-                ref_opt.step(ref_params, ref_grads)
-                want = np.concatenate([p.reshape(-1) for p in ref_params])
-                dev = float(np.abs(opt.master_params() - want).max() / np.abs(want).max())
-                max_dev = max(max_dev, dev)
-                if dev > tolerance:
-                    raise RuntimeError(f"step {nsteps}: master weights are {dev:.3g} (relative) "
-                                       f"away from single-process training, above {tolerance:g}")
+            if ref is not None:
+                ref.step(xtr[batch], ytr[batch], batch_size)
+                ends = np.cumsum([p.size for p in ref.params])[:-1]
+                ref.check(np.split(opt.master_params(), ends), nsteps, "master weights")
         acc = float((model.predict(opt.full_params(), xte) == yte).mean())
         history.append(dict(epoch=epoch + 1, loss=comm.allreduce(loss_sum) / (nbatches * batch_size),
                             accuracy=acc, skipped=skipped, scale=opt.scale))
         if out is not None and rank == 0:
             h = history[-1]
-            dev_text = f"{max_dev:11.2e}" if reference else f"{'-':>11}"
+            dev_text = f"{ref.max_dev:11.2e}" if ref else f"{'-':>11}"
             print(f"{h['epoch']:5d} {h['loss']:8.4f} {acc:8.4f} {skipped:7d} {opt.scale:10g} "
                   f"{dev_text}", file=out)
     return dict(history=history, accuracy=history[-1]["accuracy"] if history else None,
-                steps=nsteps, skipped=skipped, max_deviation=max_dev,
+                steps=nsteps, skipped=skipped, max_deviation=ref.max_dev if ref else 0.0,
                 master=opt.master_params(), memory=opt.memory(),
                 traffic=opt.comms.traffic.elements)
 
@@ -409,7 +413,7 @@ def accuracy_table(comm, *, epochs=3, batch_size=64, hidden=(64, 64), lr=0.01, s
               f"[64, {', '.join(map(str, hidden))}, 10], global batch {batch_size}, adam lr={lr} "
               "(steps skipped for overflow in brackets); stages 1-3 end with bitwise the "
               "master weights of stage 0", file=out)
-        header = "| precision | gradients travel as | " + " | ".join(
+        header = "| --precision | --compress | " + " | ".join(
             f"stage {s}" for s in range(4)) + " |"
         print(header + "\n|" + "---|" * 6, file=out)
         for precision in PRECISION_CHOICES:
@@ -418,8 +422,7 @@ def accuracy_table(comm, *, epochs=3, batch_size=64, hidden=(64, 64), lr=0.01, s
                          + (f" ({results[(s, precision, compress)][1]})"
                             if results[(s, precision, compress)][1] else "")
                          for s in range(4)]
-                wire = precision if compress == "none" else compress
-                print(f"| {precision} | {wire} | " + " | ".join(cells) + " |", file=out)
+                print(f"| {precision} | {compress} | " + " | ".join(cells) + " |", file=out)
     return results
 
 

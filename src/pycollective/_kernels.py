@@ -16,18 +16,17 @@ all ranks even when partners combine operands in opposite orders:
   symmetrically (MAX prefers +0.0, MIN prefers -0.0);
 * the two-byte floats -- float16 and bfloat16 (``ml_dtypes.bfloat16``, the
   dtype numpy users have for it) -- have no arithmetic in numba, so their
-  kernels work on the bit patterns: both operands are widened to float64
-  (through a table of all 65536 patterns), where the sum or product is
-  computed, and the result is rounded once to the nearest two-byte value
-  (ties to even) in integer arithmetic.  The float64 product of two
-  two-byte values is exact, and so is the sum of two halves; a bfloat16 sum
-  that is not exact in float64 (exponents more than 45 apart) still rounds
-  correctly, because 53 bits are more than the 2·8 + 1 that make double
-  rounding of a sum harmless.  So every reduction step accumulates in
-  float64 and is correctly rounded to the two-byte format: never summed in
-  float16 or bfloat16 arithmetic, like an MPI library reducing float16
-  buffers.  (``ml_dtypes``' own float64 -> bfloat16 cast goes through
-  float32 and can round twice, so it is not used here.)
+  kernels work on the bit patterns, and every step is correctly rounded:
+  never summed in two-byte arithmetic.  A sum is formed in float32 and
+  rounded once more to the two-byte format, which gives the correctly
+  rounded sum because 24 bits are at least 2p + 1 (p = 11 or 8 significant
+  bits; see the fast paths below).  A product is formed in float64, where
+  it is exact, and rounded once in integer arithmetic; MAX and MIN compare
+  the exact float64 values and pick one operand's bits.  Every reduction
+  step thus accumulates wider and rounds to the two-byte format, like an
+  MPI library reducing float16 buffers.  (``ml_dtypes``' own float64 ->
+  bfloat16 cast goes through float32 and can round twice, so it is not
+  used here.)
 """
 
 import math
@@ -158,15 +157,6 @@ def _narrow(bits, ebits, pbits):
 
 
 @_jit
-def _sum_small(a, b, out, wide, ebits, pbits):
-    x = np.empty(1, np.float64)
-    xbits = x.view(np.uint64)
-    for i in range(out.shape[0]):
-        x[0] = wide[a[i]] + wide[b[i]]
-        out[i] = _narrow(xbits[0], ebits, pbits)
-
-
-@_jit
 def _prod_small(a, b, out, wide, ebits, pbits):
     x = np.empty(1, np.float64)
     xbits = x.view(np.uint64)
@@ -193,6 +183,86 @@ def _min_small(a, b, out, wide, ebits, pbits):
         out[i] = b[i] if pick_b else a[i]
 
 
+# The fast paths: through float32.  The sum of two float16 (11 significant
+# bits) or bfloat16 (8) values rounded to float32 (24 bits) and then to the
+# two-byte format is the correctly rounded sum: double rounding of a sum is
+# harmless when the wider format has at least 2p + 1 bits, and float32's
+# exponent range holds every float16 sum exactly-rounded and overflows
+# exactly where bfloat16 would.  The same holds for a quotient x / N of a
+# float32 x (2p + 2 bits suffice for a division).  Float32 values are
+# rounded to the two-byte formats on their bit patterns, in blocks.
+
+_BLOCK = 2048
+
+
+@_jit
+def _f32_to_f16(b):
+    """float16 bits of the float32 with bits ``b`` (nearest, ties to even)."""
+    sign = (b >> 16) & 0x8000
+    a = b & 0x7FFFFFFF
+    if a >= 0x7F800000:
+        return 0x7E00 if a > 0x7F800000 else sign | 0x7C00  # quiet NaN, sign dropped
+    if a >= 0x477FF000:  # >= 65520: rounds to infinity
+        return sign | 0x7C00
+    if a >= 0x38800000:  # a normal half: rebias the exponent, round 23 -> 10 bits
+        a -= 0x38000000
+        return sign | ((a + 0xFFF + ((a >> 13) & 1)) >> 13)
+    if a <= 0x33000000:  # at most 2^-25, half the smallest subnormal (a tie: to 0)
+        return sign
+    e = a >> 23  # a subnormal half: m * 2^(e - 150) in units of 2^-24
+    return sign | _shift_even((a & 0x7FFFFF) | 0x800000, 126 - e)
+
+
+@_jit
+def _f32_to_bf16(b):
+    """bfloat16 bits of the float32 with bits ``b`` (nearest, ties to even)."""
+    if (b & 0x7FFFFFFF) > 0x7F800000:
+        return 0x7FC0  # quiet NaN, sign dropped
+    return (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+
+
+@_jit
+def _narrow_block(tbits, out, start, n, bf16):
+    if bf16:
+        for j in range(n):
+            out[start + j] = _f32_to_bf16(np.int64(tbits[j]))
+    else:
+        for j in range(n):
+            out[start + j] = _f32_to_f16(np.int64(tbits[j]))
+
+
+@_jit
+def _sum_small32(a, b, out, wide32, bf16):
+    tmp = np.empty(_BLOCK, np.float32)
+    tbits = tmp.view(np.uint32)
+    for start in range(0, out.shape[0], _BLOCK):
+        n = min(_BLOCK, out.shape[0] - start)
+        for j in range(n):
+            tmp[j] = wide32[a[start + j]] + wide32[b[start + j]]
+        _narrow_block(tbits, out, start, n, bf16)
+
+
+@_jit
+def _narrow32(src, out, divide, bf16):
+    tmp = np.empty(_BLOCK, np.float32)
+    tbits = tmp.view(np.uint32)
+    m, _ = math.frexp(divide)
+    inverse = np.float32(1.0 / divide)
+    d = np.float32(divide)
+    for start in range(0, out.shape[0], _BLOCK):
+        n = min(_BLOCK, out.shape[0] - start)
+        if divide == 1.0:
+            for j in range(n):
+                tmp[j] = src[start + j]
+        elif m == 0.5:  # a power of two: its inverse is exact
+            for j in range(n):
+                tmp[j] = src[start + j] * inverse
+        else:
+            for j in range(n):
+                tmp[j] = src[start + j] / d
+        _narrow_block(tbits, out, start, n, bf16)
+
+
 @_jit
 def _narrow_all(src, out, divide, ebits, pbits):
     x = np.empty(1, np.float64)
@@ -216,7 +286,7 @@ def _widen_all(src, out, multiply, wide):
 
 
 _NATIVE = {"sum": _sum, "prod": _prod, "max": _max, "min": _min}
-_SMALL = {"sum": _sum_small, "prod": _prod_small, "max": _max_small, "min": _min_small}
+_SMALL = {"prod": _prod_small, "max": _max_small, "min": _min_small}
 _U16 = np.dtype(np.uint16)
 
 
@@ -231,6 +301,18 @@ _SMALL_FORMATS = {
     np.dtype(np.float16): (5, 10, _widened(lambda p: p.astype(np.uint16).view(np.float16))),
     BFLOAT16: (8, 7, _widened(lambda p: (p << 16).view(np.float32))),
 }
+
+
+with np.errstate(invalid="ignore"):  # NaN patterns stay NaN
+    _WIDE32 = {dtype: wide.astype(np.float32) for dtype, (_, _, wide) in _SMALL_FORMATS.items()}
+
+
+def _small_sum(dtype):
+    wide32, bf16 = _WIDE32[dtype], dtype == BFLOAT16
+
+    def kernel(a, b, out):
+        _sum_small32(a.view(_U16), b.view(_U16), out.view(_U16), wide32, bf16)
+    return kernel
 
 
 def _small_kernel(fn, dtype):
@@ -251,7 +333,10 @@ def to_two_bytes(src, dtype, divide=1.0):
     dtype = np.dtype(dtype)
     ebits, pbits, _ = _SMALL_FORMATS[dtype]
     out = np.empty(src.shape, dtype)
-    _narrow_all(src.reshape(-1), out.reshape(-1).view(_U16), float(divide), ebits, pbits)
+    if src.dtype == np.float32:
+        _narrow32(src.reshape(-1), out.reshape(-1).view(_U16), float(divide), dtype == BFLOAT16)
+    else:
+        _narrow_all(src.reshape(-1), out.reshape(-1).view(_U16), float(divide), ebits, pbits)
     return out
 
 
@@ -266,7 +351,7 @@ def from_two_bytes(buf, dtype, multiply=1.0, out=None):
 
 def _build(op, dtype):
     if dtype in _SMALL_FORMATS:
-        kernel = _small_kernel(_SMALL[op], dtype)
+        kernel = _small_sum(dtype) if op == "sum" else _small_kernel(_SMALL[op], dtype)
     else:
         kernel = _NATIVE[op]
     empty = np.empty(0, dtype)

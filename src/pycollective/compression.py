@@ -75,12 +75,19 @@ class Cast:
         return (array.astype(np.float32) / np.float32(divide)).astype(self.wire), \
             (array.dtype, divide)
 
-    def decompress(self, buf, ctx):
-        """The reduced wire buffer times ``divide`` as the original dtype (one rounding)."""
+    def decompress(self, buf, ctx, out=None):
+        """The reduced wire buffer times ``divide`` as the original dtype (one rounding).
+
+        ``out``: write there (flat, of the original dtype) instead of a new array.
+        """
         dtype, divide = ctx
         if dtype in (np.float32, np.float64):
-            return from_two_bytes(buf, dtype, divide)
-        return (buf.astype(np.float32) * np.float32(divide)).astype(dtype)
+            return from_two_bytes(buf, dtype, divide, out)
+        result = (buf.astype(np.float32) * np.float32(divide)).astype(dtype)
+        if out is None:
+            return result
+        out[...] = result
+        return out
 
     def error_bound(self, abs_sum, nranks):
         """Largest |compressed allreduce - exact sum| per element, without overflow.
@@ -204,7 +211,11 @@ def allreduce(reduce, sendbuf, recvbuf, op, compress, *, comm=None, **kwargs):
     nranks = (MPI.COMM_WORLD if comm is None else comm).Get_size()
     wire, ctx = compress_for(compressor, src, nranks)
     reduce(MPI.IN_PLACE, wire, "sum", comm=comm, **kwargs)
-    dst[...] = np.asarray(compressor.decompress(wire, ctx)).reshape(dst.shape)
+    flat = dst.reshape(-1)
+    if isinstance(compressor, Cast) and np.shares_memory(flat, dst):
+        compressor.decompress(wire, ctx, out=flat)  # straight into recvbuf: no copy
+    else:
+        dst[...] = np.asarray(compressor.decompress(wire, ctx)).reshape(dst.shape)
     return recvbuf
 
 
