@@ -16,17 +16,18 @@ from mpi4py import MPI
 import pycollective
 from pycollective import compression
 from pycollective._kernels import BFLOAT16
-from _data import bitwise_equal, check_allreduce, counts_for, exact_reduce, exact_values, \
-    replicas_identical
+from _data import bitwise_equal, check_allreduce, exact_reduce, exact_values, replicas_identical
 
 
 @pytest.mark.mpi(min_size=2)
 def test_bfloat16_exact_through_every_algorithm(layouts):
+    """Transport and placement: every op's kernel is checked bit by bit in test_kernels.py."""
     failures = []
     for label, comm in layouts:
+        n = comm.Get_size()
         for algorithm in pycollective.usable_algorithms(comm):
-            for op in ("sum", "prod", "max", "min"):
-                for count in counts_for(comm.Get_size()):
+            for op in ("sum", "max"):
+                for count in (0, 1, n + 1, 13, 10007):
                     check_allreduce(comm, algorithm, "bfloat16", op, count, failures,
                                     f"{label} {algorithm}")
     assert not failures, f"{len(failures)} failures: " + "; ".join(failures[:5])
