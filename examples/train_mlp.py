@@ -249,9 +249,7 @@ def train(comm, *, epochs=10, batch_size=64, hidden=(64, 64), lr=0.01, optimizer
     opt = OPTIMIZERS[optimizer](params, lr)
     buckets = make_buckets(comm, params, mode, cap_bytes)
     ref = Reference(sizes, dtype, seed, optimizer, lr, tolerance) if reference else None
-    order_rng = np.random.default_rng(seed + 1)
-    nbatches = len(ytr) // batch_size
-    offset, length = partition(batch_size, size, rank)
+    order_rng, nbatches, offset, length = batch_plan(len(ytr), batch_size, comm, seed)
     history, steps = [], 0
     if out is not None and rank == 0:
         print(f"# {size} rank(s), allreduce={_label(comm)}, mode={mode}, {buckets.nbuckets} "
@@ -297,6 +295,16 @@ def train(comm, *, epochs=10, batch_size=64, hidden=(64, 64), lr=0.01, optimizer
 
 # --- mixed precision and ZeRO --------------------------------------------------------------
 
+def batch_plan(ntrain, batch_size, comm, seed):
+    """(batch order generator, batches per epoch, this rank's offset and length in a batch).
+
+    The generator has the same seed on every rank, so every rank draws the
+    same global batches; ``pycollective.partition`` splits each over the ranks.
+    """
+    offset, length = partition(batch_size, comm.Get_size(), comm.Get_rank())
+    return np.random.default_rng(seed + 1), ntrain // batch_size, offset, length
+
+
 def check_replicas(comm, params, step_no):
     """Raise unless every rank holds bitwise the same ``params`` (a digest, gathered)."""
     digests = comm.allgather(digest(params))
@@ -341,9 +349,7 @@ def train_zero(comm, *, stage=0, precision="fp32", compress=None, epochs=10, bat
     ref = None
     if reference and precision == "fp32" and compress is None:
         ref = Reference(sizes, "float32", seed, "adam", lr, tolerance)
-    order_rng = np.random.default_rng(seed + 1)
-    nbatches = len(ytr) // batch_size
-    offset, length = partition(batch_size, size, rank)
+    order_rng, nbatches, offset, length = batch_plan(len(ytr), batch_size, comm, seed)
     history, nsteps, skipped = [], 0, 0
     if out is not None and rank == 0:
         print(f"# {size} rank(s), ZeRO stage {stage}, precision {precision}, gradients travel "
