@@ -307,6 +307,42 @@ with np.errstate(invalid="ignore"):  # NaN patterns stay NaN
     _WIDE32 = {dtype: wide.astype(np.float32) for dtype, (_, _, wide) in _SMALL_FORMATS.items()}
 
 
+# float16 kernels on uint16 arrays, callable from other compiled code (the
+# shm small path, algorithms/_small.py); get_kernel's float16 kernels are
+# these, so both paths give bitwise the same results.
+_F16_WIDE = _SMALL_FORMATS[np.dtype(np.float16)][2]
+_F16_WIDE32 = _WIDE32[np.dtype(np.float16)]
+
+
+@_jit
+def _sum_f16(a, b, out):
+    _sum_small32(a, b, out, _F16_WIDE32, False)
+
+
+@_jit
+def _prod_f16(a, b, out):
+    _prod_small(a, b, out, _F16_WIDE, 5, 10)
+
+
+@_jit
+def _max_f16(a, b, out):
+    _max_small(a, b, out, _F16_WIDE, 5, 10)
+
+
+@_jit
+def _min_f16(a, b, out):
+    _min_small(a, b, out, _F16_WIDE, 5, 10)
+
+
+_HALF = {"sum": _sum_f16, "prod": _prod_f16, "max": _max_f16, "min": _min_f16}
+
+
+def _half_kernel(fn):
+    def kernel(a, b, out):
+        fn(a.view(_U16), b.view(_U16), out.view(_U16))
+    return kernel
+
+
 def _small_sum(dtype):
     wide32, bf16 = _WIDE32[dtype], dtype == BFLOAT16
 
@@ -350,7 +386,9 @@ def from_two_bytes(buf, dtype, multiply=1.0, out=None):
 
 
 def _build(op, dtype):
-    if dtype in _SMALL_FORMATS:
+    if dtype == np.float16:
+        kernel = _half_kernel(_HALF[op])
+    elif dtype in _SMALL_FORMATS:
         kernel = _small_sum(dtype) if op == "sum" else _small_kernel(_SMALL[op], dtype)
     else:
         kernel = _NATIVE[op]
