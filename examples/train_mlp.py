@@ -28,6 +28,23 @@ same model: one allreduce per tensor; 25 MiB buckets after the backward pass;
 small buckets (about one per layer) after the backward pass; and the same
 small buckets each started during the backward pass as soon as its layers'
 gradients are ready (overlap), and prints the two speed-ups.
+
+Mixed precision and ZeRO (the lecture's sections 2.4-2.5), through
+``pycollective.zero``::
+
+    scripts/run_mpi.sh 4 examples/train_mlp.py --zero 2 --precision fp16 --compress none
+    scripts/run_mpi.sh 4 examples/train_mlp.py --zero 3 --precision bf16 --compress bf16
+    scripts/run_mpi.sh 4 examples/train_mlp.py --accuracy-table
+
+``--zero 0`` is plain data parallelism through the same optimizer (each
+layer's gradients allreduced); 1, 2, 3 shard the optimizer state, then the
+gradients, then the parameters.  ``--precision`` is the dtype of the working
+parameters and gradients (float32 master weights and Adam state either
+way; fp16 with dynamic loss scaling), ``--compress`` the dtype gradients
+travel as.  After every step the script checks that every rank's gathered
+parameters are bitwise identical; in fp32 it also tracks the single-process
+model within ``--tolerance``, as above.  ``--accuracy-table`` trains every
+stage x precision x compression and prints the final test accuracies.
 """
 
 import argparse
@@ -43,7 +60,8 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import pycollective  # noqa: E402
-from pycollective import GradientBuckets, partition  # noqa: E402
+from pycollective import GradientBuckets, partition, zero  # noqa: E402
+from pycollective.zero import Adam  # noqa: E402,F401  (the numpy Adam ZeRO wraps)
 
 TOLERANCE = {"float32": 1e-4, "float64": 1e-10}
 
@@ -70,13 +88,7 @@ def load_data(dtype, seed=0, test_fraction=0.2):
 
 def init_params(sizes, dtype, seed):
     """[W1, b1, W2, b2, ...] with He initialisation, identical on every rank."""
-    rng = np.random.default_rng(seed)
-    params = []
-    for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
-        w = rng.standard_normal((fan_in, fan_out)) * np.sqrt(2.0 / fan_in)
-        params.append(w.astype(dtype))
-        params.append(np.zeros(fan_out, dtype))
-    return params
+    return zero.MLP(sizes).init(seed, dtype)
 
 
 def forward(params, x):
@@ -120,25 +132,6 @@ def backward(params, acts, pres, delta, grads, ready=None):
             delta = (delta @ params[w].T) * (pres[layer - 1] > 0)
 
 
-class Adam:
-    """Adam (Kingma and Ba); element-wise, so identical inputs give identical updates."""
-
-    def __init__(self, params, lr, beta1=0.9, beta2=0.999, eps=1e-8):
-        self.lr, self.b1, self.b2, self.eps, self.t = lr, beta1, beta2, eps, 0
-        self.m = [np.zeros_like(p) for p in params]
-        self.v = [np.zeros_like(p) for p in params]
-
-    def step(self, params, grads):
-        self.t += 1
-        c1, c2 = 1 - self.b1 ** self.t, 1 - self.b2 ** self.t
-        for p, g, m, v in zip(params, grads, self.m, self.v):
-            m *= self.b1
-            m += (1 - self.b1) * g
-            v *= self.b2
-            v += (1 - self.b2) * g * g
-            p -= (self.lr / c1) * m / (np.sqrt(v / c2) + self.eps)
-
-
 class SGD:
     """Plain mini-batch SGD: p -= lr * g."""
 
@@ -162,6 +155,32 @@ def digest(params):
     for p in params:
         h.update(p.tobytes())
     return h.digest()
+
+
+class Reference:
+    """The single-process model trained alongside on the whole global batch, for comparison."""
+
+    def __init__(self, sizes, dtype, seed, optimizer, lr, tolerance):
+        self.params = init_params(sizes, dtype, seed)
+        self.opt = OPTIMIZERS[optimizer](self.params, lr)
+        self.grads = [np.empty_like(p) for p in self.params]
+        self.tolerance, self.max_dev = tolerance, 0.0
+
+    def step(self, x, y, batch_size):
+        acts, pres, logits = forward(self.params, x)
+        _, delta = loss_and_delta(logits, y, 1.0 / batch_size)
+        backward(self.params, acts, pres, delta, self.grads)
+        self.opt.step(self.params, self.grads)
+
+    def check(self, params, step_no, what="parameters"):
+        """Raise if ``params`` (same layout) are more than ``tolerance`` (relative) away."""
+        scale = max(float(np.abs(p).max()) for p in self.params)
+        dev = max(float(np.abs(np.reshape(p, q.shape) - q).max())
+                  for p, q in zip(params, self.params)) / scale
+        self.max_dev = max(self.max_dev, dev)
+        if dev > self.tolerance:
+            raise RuntimeError(f"step {step_no}: {what} are {dev:.3g} (relative) away "
+                               f"from single-process training, above {self.tolerance:g}")
 
 
 # --- one data-parallel step ---------------------------------------------------------
@@ -229,14 +248,9 @@ def train(comm, *, epochs=10, batch_size=64, hidden=(64, 64), lr=0.01, optimizer
     params = init_params(sizes, dtype, seed)
     opt = OPTIMIZERS[optimizer](params, lr)
     buckets = make_buckets(comm, params, mode, cap_bytes)
-    if reference:
-        ref_params = init_params(sizes, dtype, seed)
-        ref_opt = OPTIMIZERS[optimizer](ref_params, lr)
-        ref_grads = [np.empty_like(p) for p in ref_params]
-    order_rng = np.random.default_rng(seed + 1)
-    nbatches = len(ytr) // batch_size
-    offset, length = partition(batch_size, size, rank)
-    history, max_dev, steps = [], 0.0, 0
+    ref = Reference(sizes, dtype, seed, optimizer, lr, tolerance) if reference else None
+    order_rng, nbatches, offset, length = batch_plan(len(ytr), batch_size, comm, seed)
+    history, steps = [], 0
     if out is not None and rank == 0:
         print(f"# {size} rank(s), allreduce={_label(comm)}, mode={mode}, {buckets.nbuckets} "
               f"bucket(s), model {sizes}, {optimizer} lr={lr}, global batch {batch_size}, "
@@ -260,21 +274,10 @@ def train(comm, *, epochs=10, batch_size=64, hidden=(64, 64), lr=0.01, optimizer
             t_comm += tm
             steps += 1
             # Check, not assume: every rank holds the very same bytes.
-            digests = comm.allgather(digest(params))
-            if any(d != digests[0] for d in digests):
-                bad = [r for r, d in enumerate(digests) if d != digests[0]]
-                raise RuntimeError(f"step {steps}: parameters differ on ranks {bad} from rank 0")
-            if reference:
-                acts, pres, logits = forward(ref_params, xtr[batch])
-                _, delta = loss_and_delta(logits, ytr[batch], 1.0 / batch_size)
-                backward(ref_params, acts, pres, delta, ref_grads)
-                ref_opt.step(ref_params, ref_grads)
-                scale = max(float(np.abs(p).max()) for p in ref_params)
-                dev = max(float(np.abs(p - q).max()) for p, q in zip(params, ref_params)) / scale
-                max_dev = max(max_dev, dev)
-                if dev > tolerance:
-                    raise RuntimeError(f"step {steps}: parameters are {dev:.3g} (relative) away "
-                                       f"from single-process training, above {tolerance:g}")
+            check_replicas(comm, params, steps)
+            if ref is not None:
+                ref.step(xtr[batch], ytr[batch], batch_size)
+                ref.check(params, steps)
         loss_mean = comm.allreduce(loss_sum) / (nbatches * batch_size)
         acc = accuracy(params, xte, yte)
         t_compute = comm.allreduce(t_compute, op=MPI.MAX)
@@ -282,11 +285,151 @@ def train(comm, *, epochs=10, batch_size=64, hidden=(64, 64), lr=0.01, optimizer
         history.append(dict(epoch=epoch + 1, loss=loss_mean, accuracy=acc,
                             compute=t_compute, comm=t_comm))
         if out is not None and rank == 0:
-            dev_text = f"{max_dev:11.2e}" if reference else f"{'-':>11}"
+            dev_text = f"{ref.max_dev:11.2e}" if ref else f"{'-':>11}"
             print(f"{epoch + 1:5d} {loss_mean:8.4f} {acc:8.4f} {t_compute:9.3f} {t_comm:8.3f} "
                   f"{dev_text}", file=out)
     return dict(history=history, accuracy=history[-1]["accuracy"] if history else None,
-                max_deviation=max_dev, steps=steps, nbuckets=buckets.nbuckets)
+                max_deviation=ref.max_dev if ref else 0.0, steps=steps,
+                nbuckets=buckets.nbuckets)
+
+
+# --- mixed precision and ZeRO --------------------------------------------------------------
+
+def batch_plan(ntrain, batch_size, comm, seed):
+    """(batch order generator, batches per epoch, this rank's offset and length in a batch).
+
+    The generator has the same seed on every rank, so every rank draws the
+    same global batches; ``pycollective.partition`` splits each over the ranks.
+    """
+    offset, length = partition(batch_size, comm.Get_size(), comm.Get_rank())
+    return np.random.default_rng(seed + 1), ntrain // batch_size, offset, length
+
+
+def check_replicas(comm, params, step_no):
+    """Raise unless every rank holds bitwise the same ``params`` (a digest, gathered)."""
+    digests = comm.allgather(digest(params))
+    if any(d != digests[0] for d in digests):
+        bad = [r for r, d in enumerate(digests) if d != digests[0]]
+        raise RuntimeError(f"step {step_no}: parameters differ on ranks {bad} from rank 0")
+
+
+def train_zero(comm, *, stage=0, precision="fp32", compress=None, epochs=10, batch_size=64,
+               hidden=(64, 64), lr=0.01, seed=0, reference=True, tolerance=None, out=None,
+               steps=None):
+    """Train through ``pycollective.zero.ZeroOptimizer``; return a summary dict.
+
+    Args:
+        comm: the communicator (a plain mpi4py one: ZeRO calls the library's
+            collectives itself).
+        stage: ZeRO stage 0 (plain data parallelism), 1, 2 or 3.
+        precision: "fp32", "fp16" or "bf16" working parameters and gradients.
+        compress: None, "fp16" or "bf16": the dtype gradients travel as.
+        reference: in fp32, also train the single-process model (this
+            script's float32 code) and compare the master weights every step.
+        tolerance: largest relative difference from it (default 1e-4).
+        steps: stop after this many steps (None: all epochs).
+
+    Returns:
+        dict with ``history``, ``accuracy``, ``steps``, ``skipped`` (steps
+        skipped for overflow), ``max_deviation``, ``master`` (the float32
+        master weights, gathered), ``memory`` and ``traffic`` (this rank's).
+
+    Raises:
+        RuntimeError: gathered parameters differ between ranks, or fp32
+            training drifts from the single-process reference.
+    """
+    rank, size = comm.Get_rank(), comm.Get_size()
+    tolerance = TOLERANCE["float32"] if tolerance is None else tolerance
+    xtr, ytr, xte, yte = load_data("float32")
+    sizes = [xtr.shape[1], *hidden, 10]
+    model = zero.MLP(sizes)
+    opt = zero.ZeroOptimizer(model.init(seed), model.layers, comm, stage=stage,
+                             precision=precision, compress=compress,
+                             optimizer=lambda ps: Adam(ps, lr))
+    ref = None
+    if reference and precision == "fp32" and compress is None:
+        ref = Reference(sizes, "float32", seed, "adam", lr, tolerance)
+    order_rng, nbatches, offset, length = batch_plan(len(ytr), batch_size, comm, seed)
+    history, nsteps, skipped = [], 0, 0
+    if out is not None and rank == 0:
+        print(f"# {size} rank(s), ZeRO stage {stage}, precision {precision}, gradients travel "
+              f"as {compress or precision}, model {sizes} ({model.count} parameters), adam "
+              f"lr={lr}, global batch {batch_size}", file=out)
+        print(f"{'epoch':>5} {'loss':>8} {'test acc':>8} {'skipped':>7} {'loss scale':>10} "
+              f"{'max rel dev':>11}", file=out)
+    for epoch in range(epochs):
+        perm = order_rng.permutation(len(ytr))
+        loss_sum = 0.0
+        for b in range(nbatches):
+            if steps is not None and nsteps >= steps:
+                break
+            batch = perm[b * batch_size:(b + 1) * batch_size]
+            mine = batch[offset:offset + length]
+            loss, applied = model.train_step(opt, xtr[mine], ytr[mine], batch_size)
+            loss_sum += loss
+            skipped += not applied
+            nsteps += 1
+            check_replicas(comm, opt.full_params(), nsteps)
+            if ref is not None:
+                ref.step(xtr[batch], ytr[batch], batch_size)
+                ends = np.cumsum([p.size for p in ref.params])[:-1]
+                ref.check(np.split(opt.master_params(), ends), nsteps, "master weights")
+        acc = float((model.predict(opt.full_params(), xte) == yte).mean())
+        history.append(dict(epoch=epoch + 1, loss=comm.allreduce(loss_sum) / (nbatches * batch_size),
+                            accuracy=acc, skipped=skipped, scale=opt.scale))
+        if out is not None and rank == 0:
+            h = history[-1]
+            dev_text = f"{ref.max_dev:11.2e}" if ref else f"{'-':>11}"
+            print(f"{h['epoch']:5d} {h['loss']:8.4f} {acc:8.4f} {skipped:7d} {opt.scale:10g} "
+                  f"{dev_text}", file=out)
+    return dict(history=history, accuracy=history[-1]["accuracy"] if history else None,
+                steps=nsteps, skipped=skipped, max_deviation=ref.max_dev if ref else 0.0,
+                master=opt.master_params(), memory=opt.memory(),
+                traffic=opt.comms.traffic.elements)
+
+
+PRECISION_CHOICES = ("fp32", "fp16", "bf16")
+COMPRESS_CHOICES = ("none", "fp16", "bf16")
+
+
+def accuracy_table(comm, *, epochs=3, batch_size=64, hidden=(64, 64), lr=0.01, seed=0, out=None):
+    """Final test accuracy of every stage x precision x compression; returns ``{key: acc}``.
+
+    Also checks that, for each precision and compression, stages 1-3 end
+    with bitwise the master weights of stage 0 (the same reductions in the
+    same order); raises RuntimeError otherwise.
+    """
+    results = {}
+    for precision in PRECISION_CHOICES:
+        for compress in COMPRESS_CHOICES:
+            master0 = None
+            for stage in range(4):
+                r = train_zero(comm, stage=stage, precision=precision,
+                               compress=None if compress == "none" else compress, epochs=epochs,
+                               batch_size=batch_size, hidden=hidden, lr=lr, seed=seed,
+                               reference=False)
+                if master0 is None:
+                    master0 = r["master"]
+                elif not np.array_equal(master0, r["master"]):
+                    raise RuntimeError(f"stage {stage} {precision}/{compress}: master weights "
+                                       "differ from stage 0's")
+                results[(stage, precision, compress)] = (r["accuracy"], r["skipped"])
+    if out is not None and comm.Get_rank() == 0:
+        print(f"# test accuracy after {epochs} epochs on {comm.Get_size()} rank(s), model "
+              f"[64, {', '.join(map(str, hidden))}, 10], global batch {batch_size}, adam lr={lr} "
+              "(steps skipped for overflow in brackets); stages 1-3 end with bitwise the "
+              "master weights of stage 0", file=out)
+        header = "| --precision | --compress | " + " | ".join(
+            f"stage {s}" for s in range(4)) + " |"
+        print(header + "\n|" + "---|" * 6, file=out)
+        for precision in PRECISION_CHOICES:
+            for compress in COMPRESS_CHOICES:
+                cells = [f"{results[(s, precision, compress)][0]:.4f}"
+                         + (f" ({results[(s, precision, compress)][1]})"
+                            if results[(s, precision, compress)][1] else "")
+                         for s in range(4)]
+                print(f"| {precision} | {compress} | " + " | ".join(cells) + " |", file=out)
+    return results
 
 
 def _label(comm):
@@ -380,13 +523,44 @@ def parse_args(argv=None):
     p.add_argument("--compare-steps", type=int, default=50)
     p.add_argument("--compare-hidden", default=None,
                    help="hidden widths for --compare (default: --hidden)")
+    z = p.add_argument_group("mixed precision and ZeRO (pycollective.zero)")
+    z.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=None,
+                   help="train through the sharded optimizer at this ZeRO stage (0: plain data "
+                        "parallelism); implied (stage 0) by --precision or --compress")
+    z.add_argument("--precision", choices=PRECISION_CHOICES, default=None,
+                   help="working parameters and gradients (default fp32)")
+    z.add_argument("--compress", choices=COMPRESS_CHOICES, default=None,
+                   help="what gradients travel as (default: none, their own dtype)")
+    z.add_argument("--accuracy-table", action="store_true",
+                   help="train every stage x precision x compression and print the accuracies")
     return p.parse_args(argv)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    comm = make_comm(args.allreduce)
     hidden = tuple(int(h) for h in args.hidden.split(",") if h)
+    if args.accuracy_table:
+        comm = MPI.COMM_WORLD
+        out = sys.stdout if comm.Get_rank() == 0 else None
+        return accuracy_table(comm, epochs=args.epochs, batch_size=args.batch_size,
+                              hidden=hidden, lr=args.lr, seed=args.seed, out=out)
+    if args.zero is not None or args.precision or args.compress:
+        comm = MPI.COMM_WORLD
+        out = sys.stdout if comm.Get_rank() == 0 else None
+        compress = None if args.compress in (None, "none") else args.compress
+        result = train_zero(comm, stage=args.zero or 0, precision=args.precision or "fp32",
+                            compress=compress, epochs=args.epochs, batch_size=args.batch_size,
+                            hidden=hidden, lr=args.lr, seed=args.seed,
+                            reference=not args.no_reference, tolerance=args.tolerance, out=out)
+        if out:
+            mem = result["memory"]
+            print(f"final test accuracy {result['accuracy']:.4f}; {result['steps']} steps, "
+                  f"{result['skipped']} skipped for overflow; gathered parameters bitwise "
+                  f"identical on all {comm.Get_size()} rank(s) after every step; rank 0 holds "
+                  f"{mem['params']} B parameters, {mem['grads']} B gradients, "
+                  f"{mem['optimizer']} B optimizer state", file=out)
+        return result
+    comm = make_comm(args.allreduce)
     out = sys.stdout if comm.Get_rank() == 0 else None
     result = train(comm, epochs=args.epochs, batch_size=args.batch_size, hidden=hidden,
                    lr=args.lr, optimizer=args.optimizer, mode=args.mode,

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from pycollective._kernels import SUPPORTED_DTYPES, get_kernel
+from pycollective._kernels import BFLOAT16, SUPPORTED_DTYPES, get_kernel, is_float
 from pycollective._ops import OPS, resolve_op
 
 NUMPY = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
@@ -10,7 +10,7 @@ NUMPY = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimu
 
 def _operands(dtype, n=1001, seed=0):
     rng = np.random.default_rng(seed)
-    if dtype.kind == "f":
+    if is_float(dtype):
         a = rng.standard_normal(n) * 50
         b = rng.standard_normal(n) * 50
     else:
@@ -59,7 +59,91 @@ def test_float16_every_pattern_against_numpy(op):
         assert np.array_equal(out[~nan].view(np.uint16), expected[~nan].view(np.uint16))
 
 
-@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64], ids=str)
+def _patterns(n=65536, seed=None, dtype=np.float16):
+    """Every 16-bit pattern (seed None) or ``n`` random ones, as ``dtype``."""
+    if seed is None:
+        bits = np.arange(65536, dtype=np.uint32)
+    else:
+        bits = np.random.default_rng(seed).integers(0, 65536, n, dtype=np.uint32)
+    return bits.astype(np.uint16).view(dtype)
+
+
+_TOP = {np.dtype(np.float16): 2.0 ** 16, BFLOAT16: 2.0 ** 128}
+
+
+def _round_reference(x, dtype):
+    """Bits of float64 ``x`` rounded to ``dtype`` by nearest-neighbour search, ties to even.
+
+    Independent of the kernels' integer rounding: the non-negative finite
+    values in pattern order are increasing, so the two candidates come from a
+    sorted search; the pattern after the largest finite value (infinity)
+    stands for the next power of two, which makes overflow follow the same
+    rule.  Differences are exact (Sterbenz).
+    """
+    dtype = np.dtype(dtype)
+    inf_bits = int(np.array(np.inf, np.float64).astype(np.float32).astype(dtype).view(np.uint16))
+    values = np.arange(inf_bits + 1, dtype=np.uint16).view(dtype).astype(np.float64)
+    values[inf_bits] = _TOP[dtype]
+    mag = np.abs(x)
+    lo = np.searchsorted(values, mag, side="right") - 1
+    lo = np.minimum(lo, inf_bits)
+    hi = np.minimum(lo + 1, inf_bits)
+    d_lo, d_hi = mag - values[lo], values[hi] - mag
+    pick_hi = (d_hi < d_lo) | ((d_hi == d_lo) & (lo % 2 == 1))
+    bits = np.where(pick_hi, hi, lo).astype(np.uint16)
+    bits[mag >= _TOP[dtype]] = inf_bits
+    bits |= np.where(np.signbit(x), np.uint16(0x8000), np.uint16(0))
+    return bits, np.isnan(x)
+
+
+@pytest.mark.parametrize("op", ["sum", "prod"])
+@pytest.mark.parametrize("dtype", [np.dtype(np.float16), BFLOAT16], ids=str)
+def test_two_byte_floats_round_once_from_float64(op, dtype):
+    """Every pattern against random partners: float64 result rounded once, ties to even."""
+    a = _patterns(dtype=dtype)
+    for seed in (3, 4, 5):
+        b = _patterns(a.size, seed, dtype)
+        out = np.empty_like(a)
+        get_kernel(op, dtype)(a, b, out)
+        with np.errstate(all="ignore"):
+            wide = NUMPY[op](a.astype(np.float64), b.astype(np.float64))
+        want, nan = _round_reference(wide, dtype)
+        got = out.view(np.uint16)
+        assert np.array_equal(np.isnan(out.astype(np.float32)), nan)
+        assert np.array_equal(got[~nan], want[~nan]), op
+
+
+def test_bfloat16_sum_agrees_with_ml_dtypes_where_it_rounds_once():
+    """ml_dtypes adds in float32 (24 >= 2*8+1 bits: one correct rounding); we must agree."""
+    a = _patterns(dtype=BFLOAT16)
+    b = _patterns(a.size, 6, BFLOAT16)
+    out = np.empty_like(a)
+    get_kernel("sum", BFLOAT16)(a, b, out)
+    with np.errstate(all="ignore"):
+        want = a + b
+    nan = np.isnan(want.astype(np.float32))
+    assert np.array_equal(np.isnan(out.astype(np.float32)), nan)
+    assert np.array_equal(out.view(np.uint16)[~nan], want.view(np.uint16)[~nan])
+
+
+def test_bfloat16_ties_subnormals_and_overflow():
+    k = get_kernel("sum", BFLOAT16)
+    out = np.empty(1, BFLOAT16)
+
+    def add(x, y):
+        k(np.array([x], BFLOAT16), np.array([y], BFLOAT16), out)
+        return float(out[0])
+
+    assert add(1.0, 2.0 ** -8) == 1.0                 # half an ulp of 1: tie to even
+    assert add(1.0 + 2.0 ** -7, 2.0 ** -8) == 1.0 + 2.0 ** -6   # tie to even, upwards
+    assert add(2.0 ** -133, 2.0 ** -133) == 2.0 ** -132          # subnormals add exactly
+    big = float(np.array(3.3895313892515355e38, BFLOAT16))      # largest finite bfloat16
+    assert np.isinf(add(big, big))
+    assert add(big, 2.0 ** 118) == big    # below half an ulp of the largest: stays finite
+    assert np.isinf(add(big, 2.0 ** 119))  # the tie goes to the even neighbour, infinity
+
+
+@pytest.mark.parametrize("dtype", [np.float16, BFLOAT16, np.float32, np.float64], ids=str)
 def test_max_min_are_symmetric_in_nan_and_signed_zero(dtype):
     """Partners combining (a, b) and (b, a) must get the same bits."""
     vals = np.array([0.0, -0.0, np.nan, 1.0, -1.0, np.inf, -np.inf], dtype)
@@ -111,3 +195,24 @@ def test_resolve_op_rejects(op):
 def test_unsupported_dtypes(dtype):
     with pytest.raises(TypeError, match="unsupported dtype"):
         get_kernel("sum", dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float16), BFLOAT16], ids=str)
+@pytest.mark.parametrize("src", [np.float32, np.float64], ids=str)
+def test_conversions_round_once(dtype, src):
+    """to_two_bytes matches a single correct rounding; from_two_bytes widens exactly."""
+    from pycollective._kernels import from_two_bytes, to_two_bytes
+    rng = np.random.default_rng(8)
+    x = (rng.standard_normal(20000) * np.exp2(rng.uniform(-30, 20, 20000))).astype(src)
+    x[:4] = [np.inf, -np.inf, np.nan, -0.0]
+    with np.errstate(all="ignore"):
+        for divide in (1, 3, 8):
+            want, nan = _round_reference(x.astype(np.float64) / divide, dtype)
+            got = to_two_bytes(x, dtype, divide)
+            assert np.array_equal(np.isnan(got.astype(np.float32)), nan)
+            assert np.array_equal(got.view(np.uint16)[~nan], want[~nan]), divide
+        wide = from_two_bytes(got, np.float64, 8)
+        assert np.array_equal(wide[~nan], got[~nan].astype(np.float64) * 8)
+        if dtype == BFLOAT16 and src == np.float32:  # ml_dtypes rounds float32 once, correctly
+            assert np.array_equal(to_two_bytes(x, dtype).view(np.uint16)[4:],
+                                  x.astype(dtype).view(np.uint16)[4:])

@@ -29,6 +29,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _auto, _fastpath, _registry, _settings, _watch
+from . import compression as _compression
 from . import algorithms as _algorithms  # noqa: F401  (importing it registers every algorithm)
 from ._agree import Facts, agree, agree_max, verdict
 from ._agree import board as _agree_board
@@ -294,7 +295,7 @@ def _resolve_algorithm(ctx: Context, checked: _Allreduce) -> _registry.Algorithm
 
 
 def allreduce(sendbuf, recvbuf, op=MPI.SUM, *, comm=None, algorithm: str = "auto",
-              timeout=DEFAULT):
+              timeout=DEFAULT, compress=None):
     """Reduce ``sendbuf`` element-wise over all ranks into ``recvbuf`` on every rank.
 
     Args:
@@ -312,6 +313,9 @@ def allreduce(sendbuf, recvbuf, op=MPI.SUM, *, comm=None, algorithm: str = "auto
         timeout: longest wait without progress, in seconds (None or 0: no
             limit); default: :func:`set_timeout`'s for the communicator or
             the process, else ``PYCOLLECTIVE_TIMEOUT_S`` (300 s).
+        compress: None (the default), "fp16", "bf16" or a compressor object:
+            a floating sum travels as two-byte floats and accumulates in
+            float64 at every step (:mod:`pycollective.compression`).
 
     Returns:
         ``recvbuf``, holding bitwise the same result on every rank.
@@ -329,6 +333,9 @@ def allreduce(sendbuf, recvbuf, op=MPI.SUM, *, comm=None, algorithm: str = "auto
             communicator is unusable since an earlier failure
             (``CommunicatorBroken``).  The communicator is then unusable.
     """
+    if compress is not None:
+        return _compression.allreduce(allreduce, sendbuf, recvbuf, op, compress, comm=comm,
+                                      algorithm=algorithm, timeout=timeout)
     hit = _fastpath.lookup(sendbuf, recvbuf, op, comm, algorithm, timeout)
     if hit is not None:
         plan, ctx = hit.plan, hit.ctx

@@ -10,6 +10,8 @@ checks use tolerance 0.  Used by the benchmark harness and the test suite
 
 import numpy as np
 
+from ._kernels import float_info, is_float
+
 __all__ = ["exact_values", "exact_reduce", "fill_exact", "compare", "BLOCK"]
 
 BLOCK = 1 << 20  # elements per block when generating or checking data
@@ -17,8 +19,8 @@ BLOCK = 1 << 20  # elements per block when generating or checking data
 
 def _exact_limit(dtype):
     """Largest L such that every integer in [-L, L] (or [0, L]) is exact in ``dtype``."""
-    if dtype.kind == "f":
-        return 2 ** (np.finfo(dtype).nmant + 1)
+    if is_float(dtype):
+        return 2 ** (float_info(dtype).nmant + 1)
     return int(np.iinfo(dtype).max)
 
 
@@ -29,7 +31,7 @@ def _sum_halfwidth(dtype, nranks):
 
 def _float_pow2_cap(dtype):
     """Largest k with 2**k finite (and so exact) in the floating ``dtype``."""
-    return int(np.finfo(dtype).maxexp) - 1
+    return int(float_info(dtype).maxexp) - 1
 
 
 _PROD_SIGNED = np.array([1, 2, -1, 1, -2], np.int64)
@@ -87,7 +89,7 @@ def exact_values(start, stop, rank, nranks, dtype, op):
     if op == "prod":
         if dtype.kind == "u":
             table = _PROD_UNSIGNED
-        elif dtype.kind == "f" and rank >= _float_pow2_cap(dtype):
+        elif is_float(dtype) and rank >= _float_pow2_cap(dtype):
             table = _PROD_UNIT
         else:
             table = _PROD_SIGNED
@@ -109,7 +111,7 @@ def fill_exact(buf, rank, nranks, op):
 
 
 def _bits(a):
-    return a.view(f"u{a.dtype.itemsize}") if a.dtype.kind == "f" else a
+    return a.view(f"u{a.dtype.itemsize}") if is_float(a.dtype) else a
 
 
 def compare(got, want):

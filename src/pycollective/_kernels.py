@@ -14,27 +14,56 @@ all ranks even when partners combine operands in opposite orders:
 * integer arithmetic wraps around, as in C and in MPI implementations;
 * MAX/MIN propagate NaN whichever side it is on, and treat +0.0/-0.0
   symmetrically (MAX prefers +0.0, MIN prefers -0.0);
-* float16 has no arithmetic in numba, so float16 kernels work on the bit
-  patterns: both operands are widened to float64, where the sum or product of
-  two halves is exact, and the result is rounded once to the nearest half
-  (ties to even).  Every reduction step therefore rounds to float16, like an
-  MPI library reducing float16 buffers, and each step is correctly rounded.
+* the two-byte floats -- float16 and bfloat16 (``ml_dtypes.bfloat16``, the
+  dtype numpy users have for it) -- have no arithmetic in numba, so their
+  kernels work on the bit patterns, and every step is correctly rounded:
+  never summed in two-byte arithmetic.  A sum is formed in float32 and
+  rounded once more to the two-byte format, which gives the correctly
+  rounded sum because 24 bits are at least 2p + 1 (p = 11 or 8 significant
+  bits; see the fast paths below).  A product is formed in float64, where
+  it is exact, and rounded once in integer arithmetic; MAX and MIN compare
+  the exact float64 values and pick one operand's bits.  Every reduction
+  step thus accumulates wider and rounds to the two-byte format, like an
+  MPI library reducing float16 buffers.  (``ml_dtypes``' own float64 ->
+  bfloat16 cast goes through float32 and can round twice, so it is not
+  used here.)
 """
 
 import math
 
+import ml_dtypes
 import numba
 import numpy as np
 
 from ._ops import OPS
 
-__all__ = ["get_kernel", "SUPPORTED_DTYPES"]
+__all__ = ["get_kernel", "SUPPORTED_DTYPES", "BFLOAT16", "FLOAT_DTYPES", "is_float",
+           "float_info", "to_two_bytes", "from_two_bytes"]
 
+#: ``ml_dtypes.bfloat16`` as a numpy dtype (8 exponent bits like float32, 8 significant bits).
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+
+# Append only: a dtype's index is its code in fingerprints and message tags.
 SUPPORTED_DTYPES = tuple(np.dtype(t) for t in (
     "float16", "float32", "float64",
     "int8", "int16", "int32", "int64",
     "uint8", "uint16", "uint32", "uint64",
-))
+)) + (BFLOAT16,)
+
+#: The floating dtypes among them (bfloat16's numpy kind is "V", not "f").
+FLOAT_DTYPES = (np.dtype("float16"), BFLOAT16, np.dtype("float32"), np.dtype("float64"))
+
+
+def is_float(dtype) -> bool:
+    """True for the floating dtypes pycollective reduces, bfloat16 included."""
+    return np.dtype(dtype) in FLOAT_DTYPES
+
+
+def float_info(dtype):
+    """``np.finfo`` of a floating dtype, bfloat16 included (through ``ml_dtypes.finfo``)."""
+    dtype = np.dtype(dtype)
+    return ml_dtypes.finfo(dtype) if dtype == BFLOAT16 else np.finfo(dtype)
+
 
 _jit = numba.njit(cache=True, nogil=True)
 
@@ -77,88 +106,235 @@ def _min(a, b, out):
         out[i] = x
 
 
-# --- float16 on its bit patterns ---------------------------------------------
+# --- two-byte floats (float16, bfloat16) on their bit patterns -------------------
 
 @_jit
-def _h2d(h):
-    """Exact float64 value of the half with bit pattern ``h``."""
-    h = np.int64(h)
-    exp = (h >> 10) & 0x1F
-    man = h & 0x3FF
-    if exp == 0:
-        v = math.ldexp(float(man), -24)
-    elif exp == 31:
-        v = math.inf if man == 0 else math.nan
-    else:
-        v = math.ldexp(float(man + 1024), exp - 25)
-    return -v if h & 0x8000 else v
+def _shift_even(x, s):
+    """``x / 2**s`` rounded to the nearest integer, ties to even (x >= 0, s >= 1)."""
+    q = x >> s
+    rem = x - (q << s)
+    half = np.int64(1) << (s - 1)
+    if rem > half or (rem == half and q & 1):
+        q += 1
+    return q
 
 
 @_jit
-def _round_half_even(q):
-    f = math.floor(q)
-    d = q - f
-    if d > 0.5 or (d == 0.5 and f % 2.0 == 1.0):
-        f += 1.0
-    return np.int64(f)
+def _narrow(bits, ebits, pbits):
+    """Bit pattern of the float64 with bit pattern ``bits``, rounded to a small float.
 
-
-@_jit
-def _d2h(x):
-    """Bit pattern of ``x`` rounded to the nearest half, ties to even."""
-    if x != x:
-        return np.uint16(0x7E00)
-    sign = np.int64(0x8000) if math.copysign(1.0, x) < 0 else np.int64(0)
-    a = abs(x)
-    if a >= 65520.0:  # halfway between 65504 (max half) and 2**16 rounds up
-        return np.uint16(sign | 0x7C00)
-    if a < 6.103515625e-05:  # below 2**-14: subnormal, quantum 2**-24
-        return np.uint16(sign | _round_half_even(math.ldexp(a, 24)))
-    m, e = math.frexp(a)  # a = m * 2**e, 0.5 <= m < 1
-    q = _round_half_even(math.ldexp(m, 11))  # 11 significant bits
-    if q == 2048:
-        q = 1024
+    The small format has ``ebits`` exponent and ``pbits`` fraction bits
+    (float16: 5, 10; bfloat16: 8, 7); rounding to nearest, ties to even, with
+    its subnormals, overflow to infinity and one quiet NaN.  Integer
+    arithmetic only, so that it is exact and fast.
+    """
+    sign = np.int64((bits >> 63) & 1) << (ebits + pbits)
+    ex = np.int64((bits >> 52) & 0x7FF)
+    frac = np.int64(bits & 0xFFFFFFFFFFFFF)
+    inf = ((np.int64(1) << ebits) - 1) << pbits
+    if ex == 0x7FF:
+        if frac:
+            return inf | (np.int64(1) << (pbits - 1))  # quiet NaN, sign dropped
+        return sign | inf
+    if ex == 0:
+        return sign  # float64 subnormals are far below half the smallest small subnormal
+    bias = (np.int64(1) << (ebits - 1)) - 1
+    e = ex - 1023
+    sig = frac | (np.int64(1) << 52)
+    if e < 1 - bias:  # below the smallest normal: quantum 2**(1 - bias - pbits)
+        shift = 52 + (1 - bias - pbits) - e
+        if shift > 53:
+            return sign  # below half the smallest subnormal
+        # q == 2**pbits lands on the smallest normal: its bits are right as they are
+        return sign | _shift_even(sig, shift)
+    q = _shift_even(sig, 52 - pbits)
+    if q == np.int64(1) << (pbits + 1):
+        q >>= 1
         e += 1
-    biased = e - 1 + 15
-    if biased >= 31:
-        return np.uint16(sign | 0x7C00)
-    return np.uint16(sign | (biased << 10) | (q - 1024))
+    if e > bias:
+        return sign | inf
+    return sign | ((e + bias) << pbits) | (q - (np.int64(1) << pbits))
 
 
 @_jit
-def _sum_f16(a, b, out):
+def _prod_small(a, b, out, wide, ebits, pbits):
+    x = np.empty(1, np.float64)
+    xbits = x.view(np.uint64)
     for i in range(out.shape[0]):
-        out[i] = _d2h(_h2d(a[i]) + _h2d(b[i]))
+        x[0] = wide[a[i]] * wide[b[i]]
+        out[i] = _narrow(xbits[0], ebits, pbits)
 
 
 @_jit
-def _prod_f16(a, b, out):
+def _max_small(a, b, out, wide, ebits, pbits):
     for i in range(out.shape[0]):
-        out[i] = _d2h(_h2d(a[i]) * _h2d(b[i]))
-
-
-@_jit
-def _max_f16(a, b, out):
-    for i in range(out.shape[0]):
-        x = _h2d(a[i])
-        y = _h2d(b[i])
+        x = wide[a[i]]
+        y = wide[b[i]]
         pick_b = y > x or y != y or (y == x and x == 0 and math.copysign(1.0, y) > 0)
         out[i] = b[i] if pick_b else a[i]
 
 
 @_jit
-def _min_f16(a, b, out):
+def _min_small(a, b, out, wide, ebits, pbits):
     for i in range(out.shape[0]):
-        x = _h2d(a[i])
-        y = _h2d(b[i])
+        x = wide[a[i]]
+        y = wide[b[i]]
         pick_b = y < x or y != y or (y == x and x == 0 and math.copysign(1.0, y) < 0)
         out[i] = b[i] if pick_b else a[i]
 
 
+# The fast paths: through float32.  The sum of two float16 (11 significant
+# bits) or bfloat16 (8) values rounded to float32 (24 bits) and then to the
+# two-byte format is the correctly rounded sum: double rounding of a sum is
+# harmless when the wider format has at least 2p + 1 bits, and float32's
+# exponent range holds every float16 sum exactly-rounded and overflows
+# exactly where bfloat16 would.  The same holds for a quotient x / N of a
+# float32 x (2p + 2 bits suffice for a division).  Float32 values are
+# rounded to the two-byte formats on their bit patterns, in blocks.
+
+_BLOCK = 2048
+
+
+@_jit
+def _f32_to_f16(b):
+    """float16 bits of the float32 with bits ``b`` (nearest, ties to even)."""
+    sign = (b >> 16) & 0x8000
+    a = b & 0x7FFFFFFF
+    if a >= 0x7F800000:
+        return 0x7E00 if a > 0x7F800000 else sign | 0x7C00  # quiet NaN, sign dropped
+    if a >= 0x477FF000:  # >= 65520: rounds to infinity
+        return sign | 0x7C00
+    if a >= 0x38800000:  # a normal half: rebias the exponent, round 23 -> 10 bits
+        a -= 0x38000000
+        return sign | ((a + 0xFFF + ((a >> 13) & 1)) >> 13)
+    if a <= 0x33000000:  # at most 2^-25, half the smallest subnormal (a tie: to 0)
+        return sign
+    e = a >> 23  # a subnormal half: m * 2^(e - 150) in units of 2^-24
+    return sign | _shift_even((a & 0x7FFFFF) | 0x800000, 126 - e)
+
+
+@_jit
+def _f32_to_bf16(b):
+    """bfloat16 bits of the float32 with bits ``b`` (nearest, ties to even)."""
+    if (b & 0x7FFFFFFF) > 0x7F800000:
+        return 0x7FC0  # quiet NaN, sign dropped
+    return (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+
+
+@_jit
+def _narrow_block(tbits, out, start, n, bf16):
+    if bf16:
+        for j in range(n):
+            out[start + j] = _f32_to_bf16(np.int64(tbits[j]))
+    else:
+        for j in range(n):
+            out[start + j] = _f32_to_f16(np.int64(tbits[j]))
+
+
+@_jit
+def _sum_small32(a, b, out, wide32, bf16):
+    tmp = np.empty(_BLOCK, np.float32)
+    tbits = tmp.view(np.uint32)
+    for start in range(0, out.shape[0], _BLOCK):
+        n = min(_BLOCK, out.shape[0] - start)
+        for j in range(n):
+            tmp[j] = wide32[a[start + j]] + wide32[b[start + j]]
+        _narrow_block(tbits, out, start, n, bf16)
+
+
+@_jit
+def _narrow32(src, out, divide, bf16):
+    tmp = np.empty(_BLOCK, np.float32)
+    tbits = tmp.view(np.uint32)
+    m, _ = math.frexp(divide)
+    inverse = np.float32(1.0 / divide)
+    d = np.float32(divide)
+    for start in range(0, out.shape[0], _BLOCK):
+        n = min(_BLOCK, out.shape[0] - start)
+        if divide == 1.0:
+            for j in range(n):
+                tmp[j] = src[start + j]
+        elif m == 0.5:  # a power of two: its inverse is exact
+            for j in range(n):
+                tmp[j] = src[start + j] * inverse
+        else:
+            for j in range(n):
+                tmp[j] = src[start + j] / d
+        _narrow_block(tbits, out, start, n, bf16)
+
+
+@_jit
+def _narrow_all(src, out, divide, ebits, pbits):
+    x = np.empty(1, np.float64)
+    xbits = x.view(np.uint64)
+    m, e = math.frexp(divide)
+    if m == 0.5:  # a power of two: multiplying by its inverse is exact (and faster)
+        inverse = 1.0 / divide
+        for i in range(out.shape[0]):
+            x[0] = np.float64(src[i]) * inverse
+            out[i] = _narrow(xbits[0], ebits, pbits)
+    else:
+        for i in range(out.shape[0]):
+            x[0] = np.float64(src[i]) / divide
+            out[i] = _narrow(xbits[0], ebits, pbits)
+
+
+@_jit
+def _widen_all(src, out, multiply, wide):
+    for i in range(out.shape[0]):
+        out[i] = wide[src[i]] * multiply
+
+
 _NATIVE = {"sum": _sum, "prod": _prod, "max": _max, "min": _min}
-_HALF = {"sum": _sum_f16, "prod": _prod_f16, "max": _max_f16, "min": _min_f16}
+_SMALL = {"prod": _prod_small, "max": _max_small, "min": _min_small}
 _U16 = np.dtype(np.uint16)
-_F16 = np.dtype(np.float16)
+
+
+def _widened(patterns_as):
+    """float64 value of each of the 65536 bit patterns (NaN patterns stay NaN)."""
+    with np.errstate(invalid="ignore"):
+        return patterns_as(np.arange(1 << 16, dtype=np.uint32)).astype(np.float64)
+
+
+# dtype -> (exponent bits, fraction bits, float64 value of every bit pattern)
+_SMALL_FORMATS = {
+    np.dtype(np.float16): (5, 10, _widened(lambda p: p.astype(np.uint16).view(np.float16))),
+    BFLOAT16: (8, 7, _widened(lambda p: (p << 16).view(np.float32))),
+}
+
+
+with np.errstate(invalid="ignore"):  # NaN patterns stay NaN
+    _WIDE32 = {dtype: wide.astype(np.float32) for dtype, (_, _, wide) in _SMALL_FORMATS.items()}
+
+
+# float16 kernels on uint16 arrays, callable from other compiled code (the
+# shm small path, algorithms/_small.py); get_kernel's float16 kernels are
+# these, so both paths give bitwise the same results.
+_F16_WIDE = _SMALL_FORMATS[np.dtype(np.float16)][2]
+_F16_WIDE32 = _WIDE32[np.dtype(np.float16)]
+
+
+@_jit
+def _sum_f16(a, b, out):
+    _sum_small32(a, b, out, _F16_WIDE32, False)
+
+
+@_jit
+def _prod_f16(a, b, out):
+    _prod_small(a, b, out, _F16_WIDE, 5, 10)
+
+
+@_jit
+def _max_f16(a, b, out):
+    _max_small(a, b, out, _F16_WIDE, 5, 10)
+
+
+@_jit
+def _min_f16(a, b, out):
+    _min_small(a, b, out, _F16_WIDE, 5, 10)
+
+
+_HALF = {"sum": _sum_f16, "prod": _prod_f16, "max": _max_f16, "min": _min_f16}
 
 
 def _half_kernel(fn):
@@ -167,9 +343,53 @@ def _half_kernel(fn):
     return kernel
 
 
+def _small_sum(dtype):
+    wide32, bf16 = _WIDE32[dtype], dtype == BFLOAT16
+
+    def kernel(a, b, out):
+        _sum_small32(a.view(_U16), b.view(_U16), out.view(_U16), wide32, bf16)
+    return kernel
+
+
+def _small_kernel(fn, dtype):
+    ebits, pbits, wide = _SMALL_FORMATS[dtype]
+
+    def kernel(a, b, out):
+        fn(a.view(_U16), b.view(_U16), out.view(_U16), wide, ebits, pbits)
+    return kernel
+
+
+def to_two_bytes(src, dtype, divide=1.0):
+    """``src / divide`` rounded once to float16 or bfloat16 (a new array).
+
+    The quotient is formed in float64 (correctly rounded; 53 bits make the
+    second rounding harmless), so dividing first costs no extra rounding.
+    numpy's own float32 -> float16 cast is 5-10x slower on subnormals.
+    """
+    dtype = np.dtype(dtype)
+    ebits, pbits, _ = _SMALL_FORMATS[dtype]
+    out = np.empty(src.shape, dtype)
+    if src.dtype == np.float32:
+        _narrow32(src.reshape(-1), out.reshape(-1).view(_U16), float(divide), dtype == BFLOAT16)
+    else:
+        _narrow_all(src.reshape(-1), out.reshape(-1).view(_U16), float(divide), ebits, pbits)
+    return out
+
+
+def from_two_bytes(buf, dtype, multiply=1.0, out=None):
+    """The float16/bfloat16 ``buf`` times ``multiply``, rounded once to ``dtype`` (float32/64)."""
+    _, _, wide = _SMALL_FORMATS[buf.dtype]
+    if out is None:
+        out = np.empty(buf.shape, dtype)
+    _widen_all(buf.reshape(-1).view(_U16), out.reshape(-1), float(multiply), wide)
+    return out
+
+
 def _build(op, dtype):
-    if dtype == _F16:
+    if dtype == np.float16:
         kernel = _half_kernel(_HALF[op])
+    elif dtype in _SMALL_FORMATS:
+        kernel = _small_sum(dtype) if op == "sum" else _small_kernel(_SMALL[op], dtype)
     else:
         kernel = _NATIVE[op]
     empty = np.empty(0, dtype)

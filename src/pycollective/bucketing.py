@@ -31,10 +31,20 @@ The communicator is any mpi4py intracommunicator: ``pycollective.Comm``
 (whose ``Iallreduce`` progresses on a helper thread) or a plain
 ``MPI.COMM_WORLD`` (native requests; :meth:`ready` calls ``Test`` on the
 requests in flight to give MPI a chance to progress them).
+
+Compression.  ``compress="fp16"`` or ``"bf16"`` (or a compressor object, see
+:mod:`pycollective.compression`) makes the buckets travel as two-byte floats
+with every reduction step accumulated in float64: the buckets are then
+reduced through a ``pycollective.Comm`` on the same communicator (and the
+same algorithm, if it is one) that compresses its floating sums.
 """
 
 import numpy as np
 from mpi4py import MPI
+
+from . import compression as _compression
+from ._kernels import is_float
+from .comm import Comm
 
 __all__ = ["GradientBuckets"]
 
@@ -79,15 +89,23 @@ class GradientBuckets:
             soon as the bucket is complete; otherwise reduce in :meth:`wait`.
         average: divide the sums by the number of ranks (DDP's convention).
         op: the reduction (``MPI.SUM`` for gradients).
+        compress: None, "fp16", "bf16" or a compressor: floating sums travel
+            compressed (see the module docstring).
 
     Raises:
         ValueError: ``order`` is not a permutation of the tensor indices,
-            ``cap_bytes`` is negative, or ``average`` with an integer dtype.
+            ``cap_bytes`` is negative, ``average`` with an integer dtype, or
+            an unknown compression.
     """
 
     def __init__(self, shapes, comm, *, dtype=np.float32, cap_bytes=DEFAULT_CAP_BYTES,
-                 order=None, overlap=True, average=True, op=MPI.SUM):
+                 order=None, overlap=True, average=True, op=MPI.SUM, compress=None):
         self.comm = comm
+        compressor = _compression.resolve(compress)
+        # What the buckets are reduced with: the communicator itself, or a
+        # compressing drop-in on the same handle.
+        self._reducer = comm if compressor is None else Comm(
+            comm, algorithm=getattr(comm, "algorithm", None), compress=compressor)
         self.dtype = np.dtype(dtype)
         self.shapes = [tuple(int(d) for d in np.atleast_1d(s)) for s in shapes]
         ntensors = len(self.shapes)
@@ -96,7 +114,7 @@ class GradientBuckets:
             raise ValueError(f"order must be a permutation of 0..{ntensors - 1}, got {order}")
         if cap_bytes < 0:
             raise ValueError(f"cap_bytes must be >= 0, got {cap_bytes}")
-        if average and self.dtype.kind != "f":
+        if average and not is_float(self.dtype):
             raise ValueError(f"average=True needs a floating dtype, got {self.dtype}")
         sizes = [int(np.prod(s, dtype=np.int64)) for s in self.shapes]
         self.layout = bucket_layout([n * self.dtype.itemsize for n in sizes], cap_bytes, order)
@@ -152,7 +170,7 @@ class GradientBuckets:
     def _start_complete(self):
         while self._next < len(self.layout) and self._missing[self._next] == 0:
             buf = self.buffers[self._next]
-            self._requests.append(self.comm.Iallreduce(MPI.IN_PLACE, buf, self.op))
+            self._requests.append(self._reducer.Iallreduce(MPI.IN_PLACE, buf, self.op))
             self._next += 1
 
     def wait(self):
@@ -169,7 +187,7 @@ class GradientBuckets:
                 request.Wait()
         else:
             for buf in self.buffers:
-                self.comm.Allreduce(MPI.IN_PLACE, buf, self.op)
+                self._reducer.Allreduce(MPI.IN_PLACE, buf, self.op)
         if self.average:
             size = self.comm.Get_size()
             for buf in self.buffers:

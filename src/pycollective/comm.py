@@ -77,8 +77,9 @@ from mpi4py.util import dtlib
 
 from ._collectives import algorithms, allreduce
 from . import _settings
+from . import compression as _compression
 from ._context import Key, duplicate, get_context, live_contexts
-from ._kernels import SUPPORTED_DTYPES, get_kernel
+from ._kernels import BFLOAT16, SUPPORTED_DTYPES, get_kernel
 from ._ops import predefined_name, resolve_op
 
 __all__ = ["Comm", "Request"]
@@ -292,6 +293,11 @@ def _resolve(sendbuf, recvbuf, op):
         call.native, call.reason = True, reason
         return call
     in_place = sendbuf is None or sendbuf is MPI.IN_PLACE or sendbuf is recvbuf
+    if _unnamed(recvbuf) and (in_place or _unnamed(sendbuf)):
+        # A dtype MPI has no datatype for (bfloat16): pycollective moves its
+        # bytes and reduces it itself.
+        call.dst, call.src = recvbuf, MPI.IN_PLACE if in_place else sendbuf
+        return call
     try:
         rspec = _parse(recvbuf)
         rtype = _datatype(rspec)
@@ -319,6 +325,11 @@ def _resolve(sendbuf, recvbuf, op):
     return call
 
 
+def _unnamed(buf):
+    """A numpy array of a dtype pycollective reduces but MPI cannot name (bfloat16)."""
+    return isinstance(buf, np.ndarray) and buf.dtype == BFLOAT16
+
+
 def _sentinel_src():
     return np.empty(0, np.float64)
 
@@ -339,13 +350,16 @@ class Comm(MPI.Intracomm):
         algorithm: a name from :func:`pycollective.algorithms`, or ``None``
             for pycollective's default (whatever ``pycollective.allreduce``
             uses when no algorithm is given).
+        compress: None, "fp16", "bf16" or a compressor object
+            (:mod:`pycollective.compression`): ``Allreduce``/``Iallreduce``
+            sums of floating buffers travel compressed; other calls do not.
 
     Raises:
         TypeError: ``comm`` is not an intracommunicator.
-        ValueError: unknown algorithm name.
+        ValueError: unknown algorithm name or compression.
     """
 
-    def __new__(cls, comm=None, algorithm=None):
+    def __new__(cls, comm=None, algorithm=None, compress=None):
         if comm is not None and (not isinstance(comm, MPI.Intracomm)
                                  or isinstance(comm, MPI.Intercomm)):
             raise TypeError(f"comm must be an mpi4py intracommunicator, got {type(comm).__name__}")
@@ -354,6 +368,7 @@ class Comm(MPI.Intracomm):
                              + ", ".join(algorithms()))
         self = MPI.Intracomm.__new__(cls, comm)
         self._algorithm = algorithm
+        self._compress = _compression.resolve(compress)
         return self
 
     def _plain(self):
@@ -373,6 +388,19 @@ class Comm(MPI.Intracomm):
 
     def _algo_kw(self):
         return {} if self._algorithm is None else {"algorithm": self._algorithm}
+
+    @property
+    def compress(self):
+        """The compressor given at construction (``None``: uncompressed)."""
+        return self._compress
+
+    def _call_kw(self, call):
+        """``_algo_kw()``, and the compressor when this call is a floating sum."""
+        kw = self._algo_kw()
+        if (self._compress is not None and call.dst is not None
+                and _compression.applies(call.dst.dtype, call.opname)):
+            kw["compress"] = self._compress
+        return kw
 
     # --- Allreduce ---------------------------------------------------------------
 
@@ -402,7 +430,7 @@ class Comm(MPI.Intracomm):
             except (TypeError, ValueError):
                 pass  # the other ranks raise from this disagreement; we raise ours
             raise call.error
-        allreduce(call.src, call.dst, call.opname, comm=self._plain(), **self._algo_kw())
+        allreduce(call.src, call.dst, call.opname, comm=self._plain(), **self._call_kw(call))
         return None
 
     def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM):
@@ -428,7 +456,7 @@ class Comm(MPI.Intracomm):
                 sendbuf = MPI.IN_PLACE
             return MPI.Intracomm.Iallreduce(self, sendbuf, recvbuf, op)
         engine = _engine_for(self)
-        job = _Job(call.src, call.dst, call.opname, self._algo_kw(), (sendbuf, recvbuf))
+        job = _Job(call.src, call.dst, call.opname, self._call_kw(call), (sendbuf, recvbuf))
         if call.error is None and call.src is not MPI.IN_PLACE and call.src.size != call.dst.size:
             # mpi4py raises this at the call; the job still runs so that its
             # agreement step raises the same mismatch on the other ranks' Wait.
@@ -449,12 +477,12 @@ class Comm(MPI.Intracomm):
 
     def _adopt(self, new):
         if isinstance(new, Comm):
-            new._algorithm = self._algorithm
+            new._algorithm, new._compress = self._algorithm, self._compress
             return new
         if new == MPI.COMM_NULL or not isinstance(new, MPI.Intracomm) \
                 or isinstance(new, (MPI.Intercomm, MPI.Topocomm)):
             return new
-        return type(self)(new, algorithm=self._algorithm)
+        return type(self)(new, algorithm=self._algorithm, compress=self._compress)
 
     def Dup(self, info=None):
         """As ``MPI.Intracomm.Dup``; returns a :class:`Comm` with the same algorithm."""

@@ -32,6 +32,7 @@ TINY = {
     "latency": ["ring", "shm", "--M", "1", "10", "--inner", "3"] + QUICK,
     "segments": ["--M", "100", "--segments", "64", "1K"] + QUICK,
     "breakdown": ["--M", "2000", "--reps", "2"],
+    "compress": ["--M", "1000", "--reps", "2"],
 }
 
 

@@ -21,6 +21,8 @@ that returns its rows; only rank 0 prints):
 ``latency``     the pieces of one small "shm" call, then back-to-back calls
 ``segments``    ring_pipelined at several segment sizes in one run
 ``breakdown``   the phases of one large "shm" call
+``compress``    compressed allreduce (fp16/bf16 on the wire) against float32:
+                bytes, time and error against the stated bound
 ``env``         the machine, the MPI library, every ``PYCOLLECTIVE_*`` setting
 ==============  ===============================================================
 
@@ -37,6 +39,7 @@ of every column.
 # Importing a command's module registers it (_cli.COMMANDS).
 from ._allreduce import ALLREDUCE, algorithm_case, parse_args, sweep_counts
 from ._cli import COMMANDS, main
+from ._compress import compress  # noqa: F401
 from ._harness import failures
 from ._profile import breakdown  # noqa: F401
 from ._report import auto_score

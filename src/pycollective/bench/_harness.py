@@ -49,6 +49,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .._exact import compare
+from .._kernels import is_float
 from .._timing import slowest, timed_call
 
 __all__ = ["Case", "Collective", "measure", "failures", "algbw", "busbw"]
@@ -70,14 +71,14 @@ def busbw(nbytes, seconds, factor):
 
 def _poison(buf):
     """Overwrite ``buf`` with a value that stale or unwritten results will not match."""
-    if buf.dtype.kind == "f":
+    if is_float(buf.dtype):
         buf.fill(np.nan)
     else:
         buf.fill(np.iinfo(buf.dtype).max)
 
 
 def _crc(buf):
-    return zlib.crc32(memoryview(buf).cast("B")) if buf.size else 0
+    return zlib.crc32(buf.view(np.uint8)) if buf.size else 0  # any dtype, bfloat16 too
 
 
 # --- the harness proper -------------------------------------------------------

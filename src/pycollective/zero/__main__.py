@@ -1,0 +1,120 @@
+"""``python -m pycollective.zero``: the ZeRO ledger, measured, and the lecture's example 4.5.
+
+    scripts/run_mpi.sh 8 -m pycollective.zero --ledger              # N = 1, 2, 4, 8
+    scripts/run_mpi.sh 8 -m pycollective.zero --ledger --M 1e6 --json ledger.json
+    python -m pycollective.zero --example-4-5
+
+Columns of the ledger (one row per N and stage; bytes per rank):
+  N, stage       communicator size; 0 = baseline data parallelism
+  held MB        params + grads + optimizer state, from the arrays' nbytes
+  lecture MB     20M, 4M + 16M/N, 2M + 18M/N, 20M/N (2-byte working copies)
+  held/lecture   their ratio
+  +RSS MB        resident memory gained (after the steps vs before the
+                 optimizer), peak +RSS: the largest during the measured step
+                 (activations, buckets, gathered layers and temporaries too)
+  sent           elements this rank sent in one step (largest over ranks)
+  lecture sent   2M(N-1)/N (stages 0-2), 3M(N-1)/N (stage 3)
+  comm ms        time in the step's collectives (slowest rank)
+  model ms       alpha-beta-gamma prediction of those collectives
+  comm/model     their ratio (ranks beyond the cores, or a loaded machine,
+                 inflate it: every step of a ring waits for a descheduled peer)
+"""
+
+import argparse
+import json
+import sys
+
+from mpi4py import MPI
+
+from .._table import fmt_num, format_table
+from .._units import count_arg
+from ..model.ledger import LECTURE_MEMORY, LECTURE_TRAFFIC, worked_example_4_5
+from ._ledger import measure
+from ._precision import PRECISIONS
+
+
+def _mb(x):
+    return fmt_num(None if x is None else x / 1e6)
+
+
+def _ratio(a, b):
+    return "-" if not b else f"{a / b:.3f}"
+
+
+COLUMNS = [
+    ("N", lambda r: r["nranks"]),
+    ("stage", lambda r: r["stage"]),
+    ("lecture", lambda r: LECTURE_MEMORY[r["stage"]]),
+    ("params MB", lambda r: _mb(r["params"])),
+    ("grads MB", lambda r: _mb(r["grads"])),
+    ("optim MB", lambda r: _mb(r["optimizer"])),
+    ("held MB", lambda r: _mb(r["total"])),
+    ("lecture MB", lambda r: _mb(r["formula"])),
+    ("held/lecture", lambda r: _ratio(r["total"], r["formula"])),
+    ("+RSS MB", lambda r: _mb(r["rss"])),
+    ("peak +RSS MB", lambda r: _mb(r["peak_rss"])),
+    ("sent", lambda r: r["sent"]),
+    ("lecture sent", lambda r: f"{LECTURE_TRAFFIC[r['stage']]}(N-1)/N={r['sent_formula']:.0f}"),
+    ("sent/lecture", lambda r: _ratio(r["sent"], r["sent_formula"])),
+    ("comm ms", lambda r: fmt_num(r["comm_s"] * 1e3)),
+    ("model ms", lambda r: fmt_num(r["predicted_s"] * 1e3)),
+    ("comm/model", lambda r: "-" if not r["predicted_s"] else fmt_num(r["comm_s"] / r["predicted_s"])),
+]
+
+
+def example_lines():
+    """The lecture's worked example 4.5, recomputed."""
+    ex = worked_example_4_5()
+    lines = ["# lecture example 4.5: M = 175e9 parameters, N = 64 GPUs, 50 GB/s, 125 TFLOP/s, "
+             "T = 3.2e6 tokens"]
+    for stage, gb in ex.memory_gb.items():
+        lines.append(f"#   memory per GPU, stage {stage} ({LECTURE_MEMORY[stage]}): {gb:.1f} GB")
+    lines += [f"#   traffic per GPU per iteration: {ex.traffic_gb[0]:.0f} GB (2M, stages 0-2), "
+              f"{ex.traffic_gb[3]:.0f} GB (3M, stage 3)",
+              f"#   communication {ex.comm_s:.1f} s, compute {ex.compute_s:.0f} s: "
+              f"{100 * ex.comm_share:.1f} % of compute",
+              f"#   at T = 8192 tokens: compute {ex.small_batch_compute_s:.2f} s, communication "
+              f"{100 * ex.small_batch_comm_share:.0f} % of the iteration",
+              f"#   crossover batch: {ex.crossover_tokens:.3g} tokens"]
+    return lines
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m pycollective.zero",
+                                description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 2)[2])
+    p.add_argument("--ledger", action="store_true",
+                   help="measure the memory and traffic ledger (collective: run under mpiexec)")
+    p.add_argument("--example-4-5", action="store_true",
+                   help="print the lecture's worked example 4.5 from the model's formulas")
+    p.add_argument("--M", type=count_arg, default=3_000_000,
+                   help="parameters of the measured MLP, about (3 square layers)")
+    p.add_argument("--sizes", default="1,2,4,8", help="communicator sizes N to measure")
+    p.add_argument("--precision", choices=sorted(PRECISIONS), default="fp16")
+    p.add_argument("--json", default=None, metavar="FILE", help="also write the rows as JSON")
+    args = p.parse_args(argv)
+    if not (args.ledger or args.example_4_5):
+        p.error("nothing to do: give --ledger and/or --example-4-5")
+    world = MPI.COMM_WORLD
+    out = sys.stdout if world.Get_rank() == 0 else None
+    rows = []
+    if args.example_4_5 and out:
+        print("\n".join(example_lines()), file=out)
+    if args.ledger:
+        sizes = [int(s) for s in args.sizes.split(",") if s]
+        rows = measure(world, args.M, sizes=sizes, precision=args.precision)
+        if out:
+            print(f"# python -m pycollective.zero --ledger --M {args.M} --precision "
+                  f"{args.precision} on {world.Get_size()} ranks; MLP of {rows[0]['count']} "
+                  "parameters; bytes per rank (rank 0), MB = 1e6 B", file=out)
+            print(format_table(COLUMNS, rows, prefix="# "), file=out)
+            print(f"# model parameters: {rows[0]['params_source']}", file=out)
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(rows, f, indent=1)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
