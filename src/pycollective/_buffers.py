@@ -60,8 +60,9 @@ from mpi4py.util import dtlib
 from ._kernels import SUPPORTED_DTYPES
 from ._ops import predefined_name, resolve_op
 
-__all__ = ["BufferSpecError", "DeviceMemory", "Invalid", "memory", "flat", "device_reason",
-           "Spec", "parse", "parse_vector", "spec_datatype", "spec_array", "op_reason",
+__all__ = ["BufferSpecError", "Fallback", "DeviceMemory", "Invalid", "memory", "flat", "device_reason",
+           "Spec", "parse", "parse_vector", "spec_datatype", "spec_memory", "spec_array",
+           "vector_layout", "op_reason",
            "reduction_dtype", "movable", "log_fallback", "is_in_place"]
 
 logger = logging.getLogger("pycollective")
@@ -75,12 +76,16 @@ class BufferSpecError(BufferError, ValueError):
     """
 
 
-class DeviceMemory(Exception):
-    """The buffer is device memory; ``reason`` says which kind.  Not an error: a fallback."""
+class Fallback(Exception):
+    """Not an error: this call goes to the MPI library's own collective; ``reason`` says why."""
 
     def __init__(self, reason):
         super().__init__(reason)
         self.reason = reason
+
+
+class DeviceMemory(Fallback):
+    """The buffer is device memory; ``reason`` says which kind."""
 
 
 class Invalid:
@@ -134,10 +139,12 @@ _capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
 _capsule_pointer.restype = ctypes.c_void_p
 _capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
 
-# DLPack (type code, bits) -> numpy dtype, for single-lane types numpy has.
+# DLPack (type code, bits) -> numpy dtype, for single-lane types numpy has (long
+# double and its complex by their C size, as mpi4py maps them).
 _DL_DTYPES = {(code, 8 * np.dtype(t).itemsize): np.dtype(t) for code, kinds in (
     (0, ("int8", "int16", "int32", "int64")), (1, ("uint8", "uint16", "uint32", "uint64")),
-    (2, ("float16", "float32", "float64")), (5, ("complex64", "complex128")), (6, ("bool",)))
+    (2, ("float16", "float32", "float64", "longdouble")),
+    (5, ("complex64", "complex128", "clongdouble")), (6, ("bool",)))
     for t in kinds}
 RAW = np.dtype("V1")  # bytes of an element type numpy cannot name (bfloat16, vectors): MPI.BYTE
 
@@ -209,9 +216,12 @@ def _from_dlpack(obj, name, writable) -> np.ndarray:
     if writable and readonly:
         raise BufferSpecError(f"{name} is read-only (dlpack: buffer is not writable)")
     count = int(np.prod(shape, dtype=np.int64))
-    dtype = _DL_DTYPES.get((t.dtype.code, t.dtype.bits)) if t.dtype.lanes == 1 else None
+    code, bits, lanes = t.dtype.code, t.dtype.bits, t.dtype.lanes
+    if code == 2 and lanes == 2:  # a complex number as two float lanes (mpi4py reads it so)
+        code, bits, lanes = 5, 2 * bits, 1
+    dtype = _DL_DTYPES.get((code, bits)) if lanes == 1 else None
     if dtype is None:
-        count *= (t.dtype.bits * t.dtype.lanes + 7) // 8
+        count *= (bits * lanes + 7) // 8
         dtype = RAW
     if count == 0:
         return np.empty(0, dtype)
@@ -446,10 +456,16 @@ def _raw(mem: Optional[np.ndarray]) -> np.ndarray:
     return mem.view(np.uint8) if mem.dtype.itemsize != 1 or mem.dtype != np.uint8 else mem
 
 
-def spec_array(spec: Spec, mem: Optional[np.ndarray], dtype: np.dtype, name) -> np.ndarray:
-    """View (no copy) of the elements a simple spec describes, as ``dtype``."""
+def spec_array(spec: Spec, mem: Optional[np.ndarray], dtype: np.dtype, name,
+               blocks=1) -> np.ndarray:
+    """View (no copy) of the elements a simple spec describes, as ``dtype``.
+
+    With ``blocks`` > 1 (a receive buffer holding one block per rank, as
+    mpi4py's ``message_simple`` reads it) an explicit count is per block and
+    an inferred one must divide into ``blocks``; the view holds all blocks.
+    """
     plain = spec.count is None and spec.displ is None
-    if mem is not None and plain and mem.dtype == dtype:
+    if mem is not None and plain and mem.dtype == dtype and mem.size % blocks == 0:
         return mem
     if mem is None:
         count = 0 if spec.count is None else operator.index(spec.count)
@@ -473,10 +489,14 @@ def spec_array(spec: Spec, mem: Optional[np.ndarray], dtype: np.dtype, name) -> 
             raise ValueError(f"message: cannot infer count, buffer length {length} "
                              f"is not a multiple of datatype extent {extent}")
         count = length // extent
+        if blocks > 1 and count % blocks:
+            raise ValueError(f"message: cannot infer count, number of entries {count} is not "
+                             f"a multiple of required number of blocks {blocks}")
     else:
         count = operator.index(spec.count)
         if count < 0:
             raise ValueError(f"message: negative count {count}")
+        count *= blocks
         if count * extent > length:
             raise ValueError(f"{name}: count {count} needs {count * extent} bytes "
                              f"but the buffer has {length}")

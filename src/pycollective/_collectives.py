@@ -38,7 +38,7 @@ from ._context import Context, comm_settings, get_context, set_comm_setting
 from ._errors import CollectiveTimeout, ConfigurationError
 from ._kernels import SUPPORTED_DTYPES, get_kernel
 from ._ops import MPI_OPS, OPS, resolve_op
-from ._partition import chunk_bounds, partition
+from ._partition import chunk_bounds
 
 __all__ = ["allreduce", "reduce_scatter", "allgather", "allgatherv", "reduce", "bcast",
            "broadcast", "algorithms", "set_check", "set_timeout", "usable_algorithms",
@@ -546,7 +546,7 @@ def reduce_scatter(sendbuf, recvbuf, op=MPI.SUM, *, counts=None, comm=None,
         else:
             if dst.size != length:
                 raise ValueError(
-                    f"recvbuf has {dst.size} elements but this rank's block of "
+                    f"recvbuf has {dst.size} elements but this rank's chunk of "
                     f"{src.size} over {nranks} ranks has {length}")
             if np.may_share_memory(src, dst):
                 raise ValueError("sendbuf and recvbuf overlap; use MPI.IN_PLACE")
@@ -600,7 +600,7 @@ def _allgather(what, sendbuf, recvbuf, counts, displs, comm, algorithm, timeout)
                 raise TypeError(f"recvbuf dtype {dst.dtype} differs from sendbuf dtype {src.dtype}")
             if src.size != hi - lo:
                 raise ValueError(
-                    f"sendbuf has {src.size} elements but this rank's block of "
+                    f"sendbuf has {src.size} elements but this rank's chunk of "
                     f"{sum(sizes)} over {nranks} ranks has {hi - lo}")
             if np.may_share_memory(src, dst) and not np.shares_memory(src, dst[lo:hi]):
                 raise ValueError("sendbuf overlaps recvbuf outside this rank's block")
