@@ -209,3 +209,101 @@ def test_iallreduce_without_thread_multiple_is_native(monkeypatch):
     assert not isinstance(req, pycollective.Request) and isinstance(req, MPI.Request)
     req.Wait()
     assert np.array_equal(out, x)
+
+
+# --- the other collectives on one rank --------------------------------------------------
+
+def test_algorithm_names_and_mappings():
+    chosen = comm_module._algorithm_map("ring")
+    assert chosen == {c: "ring" for c in ("allreduce", "reduce_scatter", "allgather", "reduce")}
+    assert comm_module._algorithm_map("chain") == {"bcast": "chain"}
+    assert comm_module._algorithm_map({"bcast": "shm", "allreduce": "auto"}) == {"bcast": "shm"}
+    assert comm_module._algorithm_map(None) == comm_module._algorithm_map("auto") == {}
+    with pytest.raises(ValueError, match="unknown algorithm 'chain' for allreduce"):
+        comm_module._algorithm_map({"allreduce": "chain"})
+    with pytest.raises(ValueError, match="unknown collective"):
+        comm_module._algorithm_map({"gather": "ring"})
+    drop = pycollective.Comm(MPI.COMM_SELF, algorithm={"reduce": "tree"})
+    assert drop.Dup().algorithm == {"reduce": "tree"}
+
+
+def test_new_collectives_on_one_rank_touch_what_mpi4py_touches():
+    drop = pycollective.Comm(MPI.COMM_SELF)
+    plain = MPI.COMM_SELF
+    x = _data(6, "float64")
+    cases = [  # (call, make buffers)
+        (lambda c, s, v: c.Reduce_scatter_block(s, v), lambda: (x.copy(), np.full(6, 5.0))),
+        (lambda c, v: c.Reduce_scatter_block(MPI.IN_PLACE, [v, 3, MPI.DOUBLE]),
+         lambda: (x.copy(),)),
+        (lambda c, s, v: c.Reduce_scatter(s, v, [6]), lambda: (x.copy(), np.full(6, 5.0))),
+        (lambda c, s, v: c.Reduce_scatter(s, v), lambda: (x.copy(), np.full(6, 5.0))),
+        (lambda c, v: c.Reduce_scatter(None, [v, 4, MPI.DOUBLE], [4]),
+         lambda: (np.r_[x[:4], 9.0, 9.0],)),
+        (lambda c, s, v: c.Allgather([s, 2, MPI.DOUBLE], [v, 2, MPI.DOUBLE]),
+         lambda: (x.copy(), np.full(6, 5.0))),
+        (lambda c, s, v: c.Allgatherv(s[:3], [v, ([3], [2]), MPI.DOUBLE]),
+         lambda: (x.copy(), np.full(6, 5.0))),
+        (lambda c, s, v: c.Reduce([s, (2, 1), "d"], [v, (2, 3), "d"], MPI.MIN),
+         lambda: (x.copy(), np.full(6, 5.0))),
+        (lambda c, v: c.Bcast([v, 4, MPI.BYTE]), lambda: (x.copy(),)),
+    ]
+    for call, make in cases:
+        mine, theirs = make(), make()
+        call(drop, *mine)
+        call(plain, *theirs)
+        for a, b in zip(mine, theirs):
+            assert np.array_equal(a, b), (a, b)
+
+
+def test_new_collectives_raise_mpi4py_errors():
+    drop = pycollective.Comm(MPI.COMM_SELF)
+    with pytest.raises(ValueError, match="mismatch in send count 6 and receive count 5"):
+        drop.Reduce_scatter_block(np.zeros(6), np.zeros(5))
+    with pytest.raises(ValueError, match="add up to"):
+        drop.Reduce_scatter(np.zeros(6), np.zeros(6), [5])
+    with pytest.raises(ValueError, match="needs recvcounts"):
+        drop.Reduce_scatter(MPI.IN_PLACE, np.zeros(6))
+    with pytest.raises(ValueError, match="mismatch in send size 16 bytes"):
+        drop.Allgather(np.zeros(2), np.zeros(3))
+    with pytest.raises(ValueError, match="outside the buffer"):
+        drop.Allgatherv(np.zeros(2), [np.zeros(3), ([2], [2])])
+    with pytest.raises(BufferError, match="read-only"):
+        drop.Reduce(np.zeros(1), np.frombuffer(bytes(8)))
+    with pytest.raises(TypeError):
+        drop.Bcast(object())
+
+
+@pytest.mark.parametrize("call, reason", [
+    (lambda c: c.Reduce_scatter_block(np.zeros(2, complex), np.zeros(2, complex)),
+     "no pycollective kernel"),
+    (lambda c: c.Reduce(np.zeros(2, np.int32), np.zeros(2, np.int32), MPI.BXOR), "op MPI.BXOR"),
+    (lambda c: c.Allgather([np.zeros(4), 1, MPI.DOUBLE_INT], [np.zeros(4), 1, MPI.DOUBLE_INT]),
+     "has holes"),
+])
+def test_new_collectives_fall_back_by_op_and_datatype(call, reason, caplog):
+    drop = pycollective.Comm(MPI.COMM_SELF)
+    for known in list(_buffers._logged):
+        if reason in known:
+            _buffers.forget_logged(known)
+    with caplog.at_level(logging.INFO, logger="pycollective"):
+        call(drop)
+    assert any(reason in r.getMessage() for r in caplog.records)
+
+
+def test_dlpack_tensors_through_the_dropin_and_the_public_functions():
+    from test_buffers import DLPackOnly, FakeDevice, LegacyDLPack  # noqa: PLC0415
+    drop = pycollective.Comm(MPI.COMM_SELF)
+    for wrap in (DLPackOnly, LegacyDLPack):
+        x = _data(6, "float32")
+        out = np.zeros(6, np.float32)
+        drop.Allreduce(wrap(x), wrap(out))
+        assert np.array_equal(out, x)
+        out[...] = 0
+        pycollective.allreduce(wrap(x), wrap(out), comm=MPI.COMM_SELF)
+        assert np.array_equal(out, x)
+        out[...] = 0
+        drop.Iallreduce(wrap(x), [wrap(out), MPI.FLOAT]).Wait()
+        assert np.array_equal(out, x)
+    host, out = _data(4, "float64"), np.zeros(4)
+    pycollective.allreduce(FakeDevice(host), FakeDevice(out), comm=MPI.COMM_SELF)  # MPI's call
+    assert np.array_equal(out, host)

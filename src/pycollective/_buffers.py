@@ -189,9 +189,12 @@ class _Exported:
 def _from_dlpack(obj, name, writable) -> np.ndarray:
     """Flat view of a CPU DLPack tensor (see the module docstring)."""
     try:
-        capsule = obj.__dlpack__(max_version=(1, 0), copy=False)
-    except TypeError:  # a producer of DLPack < 1.0
-        capsule = obj.__dlpack__()
+        try:
+            capsule = obj.__dlpack__(max_version=(1, 0), copy=False)
+        except TypeError:  # a producer of DLPack < 1.0
+            capsule = obj.__dlpack__()
+    except BufferError as exc:  # the producer cannot export it (as a ValueError too)
+        raise BufferSpecError(f"{name}: {exc}") from None
     if _capsule_valid(capsule, b"dltensor_versioned"):
         managed = _DLManagedVersioned.from_address(
             _capsule_pointer(capsule, b"dltensor_versioned"))

@@ -140,9 +140,18 @@ def _flat(buf, name, writable):
     return _buffers.flat(buf, name, writable)
 
 
+def _reducible(array, name):
+    """``array``, unless its elements are raw bytes of a type numpy has no name for."""
+    if array.dtype == _buffers.RAW:
+        raise TypeError(f"unsupported dtype: {name} holds elements numpy has no name for "
+                        "(a DLPack type such as bfloat16); pycollective reduces "
+                        + ", ".join(str(d) for d in SUPPORTED_DTYPES))
+    return array
+
+
 def _pair(sendbuf, recvbuf):
-    """Return (src, dst) flat views; src is dst for in-place calls."""
-    dst = _flat(recvbuf, "recvbuf", writable=True)
+    """Return (src, dst) flat views of a reduction; src is dst for in-place calls."""
+    dst = _reducible(_flat(recvbuf, "recvbuf", writable=True), "recvbuf")
     if sendbuf is MPI.IN_PLACE:
         return dst, dst
     src = _flat(sendbuf, "sendbuf", writable=False)
@@ -727,7 +736,7 @@ def reduce(sendbuf, recvbuf, op=MPI.SUM, *, root=0, comm=None, algorithm: str = 
             if sendbuf is MPI.IN_PLACE:
                 raise ValueError(f"MPI.IN_PLACE as sendbuf on rank {rank}, which is not the "
                                  f"root ({where})")
-            src, dst = _flat(sendbuf, "sendbuf", writable=False), None
+            src, dst = _reducible(_flat(sendbuf, "sendbuf", writable=False), "sendbuf"), None
         kernel = get_kernel(opname, src.dtype)
         facts = (("count", src.size), ("dtype", src.dtype.num), ("op", OPS.index(opname)),
                  _algorithm_fact("reduce", algo), ("root", where))

@@ -274,7 +274,12 @@ def _reduce_scatter_plan(sendbuf, recvbuf, counts, op, nranks, rank):
             agreed, mine = None, src.size // nranks
         else:
             agreed = counts if counts is not None else _gather_counts(comm, dst.size)
-            mine = max(0, agreed[rank])
+            unread = [str(q) for q, c in enumerate(agreed) if c < 0]
+            if unread:  # -1: that rank's own call raises why; this one names it
+                bad = Invalid(ValueError(f"rank {', '.join(unread)} could not read its "
+                                         "Reduce_scatter arguments"))
+                reduce_scatter(bad, bad, comm=comm, **kw)
+            mine = agreed[rank]
         out = dst if dst is not None else np.empty(min(mine, src.size), dtype)
         reduce_scatter(src, out, opname, counts=agreed, comm=comm, **kw)
         if dst is None:
