@@ -17,8 +17,9 @@ Runs, each a full pass of unittest over the selected tests:
   that call those collectives run, on the world (so each algorithm of each
   collective runs mpi4py's tests once; on ``COMM_SELF`` no algorithm runs,
   and the tests on a ``Dup`` of the world repeat those on the world), with
-  numpy arrays only (the backend with every type code; the other backends
-  exercise the reading of buffers, which the "auto" run covers).
+  numpy arrays of one type per size and kind (int8, int32, int64, float32,
+  float64): the other backends and type codes exercise the reading of
+  buffers and the fallbacks, which the "auto" run covers.
 
 GPU array backends are left out, as mpi4py's own runner does by default
 (its ``--numba``/``--cupy`` are off); numba is installed here for
@@ -51,6 +52,7 @@ from pycollective._collectives import COLLECTIVES
 MODULES = ("test_cco_buf", "test_cco_nb_buf", "test_cco_vec", "test_cco_nb_vec")
 GPU_BACKENDS = ("numba", "cupy", "dlpack-cupy")
 ALL_BACKENDS = None  # every backend but the GPU ones
+ONE_BACKEND = {"numpy": "bilfd"}  # backend: type codes
 WORLD = MPI.COMM_WORLD
 
 
@@ -70,14 +72,15 @@ def collective_of(test_id):
 
 
 def runs(per_algorithm):
-    """``[(label, algorithms (None: auto), collectives whose tests run (None: all), backends)]``."""
+    """``[(label, algorithms (None: auto), collectives whose tests run (None: all),
+    backends (None: all; else {backend: type codes}))]``."""
     plan = [("auto", None, None, ALL_BACKENDS)]
     if per_algorithm:
         deepest = max(len(pycollective.algorithms(c)) for c in COLLECTIVES)
         for k in range(deepest):
             mapping = {c: pycollective.algorithms(c)[k] for c in COLLECTIVES
                        if k < len(pycollective.algorithms(c))}
-            plan.append((f"#{k}", mapping, set(mapping), ("numpy",)))
+            plan.append((f"#{k}", mapping, set(mapping), ONE_BACKEND))
     return plan
 
 
@@ -95,6 +98,10 @@ def load(testdir, comm_world, comm_self, backends=ALL_BACKENDS):
         arrayimpl.ArrayBackends[:] = [b for b in arrayimpl.ArrayBackends
                                       if b.backend not in GPU_BACKENDS
                                       and (backends is None or b.backend in backends)]
+        for backend in arrayimpl.ArrayBackends:
+            if backends is not None:
+                backend.TypeMap = {code: datatype for code, datatype in backend.TypeMap.items()
+                                   if code in backends[backend.backend]}
         modules = []
         for name in MODULES:
             module = sys.modules.get(name)
@@ -126,14 +133,27 @@ def decorator_skip(case):
                 or getattr(method, "__unittest_skip__", False))
 
 
+class _Timed(unittest.TextTestResult):
+    """Records how long each test took."""
+
+    def startTest(self, test):
+        self.started = time.perf_counter()
+        super().startTest(test)
+
+    def stopTest(self, test):
+        super().stopTest(test)
+        self.durations.append((round(time.perf_counter() - self.started, 2), test.id()))
+
+
 def run_once(suite):
-    """Run ``suite``; ``(tests run, failures, errors, [(id, reason, by decorator)])``."""
+    """Run ``suite``; ``(tests run, failures, errors, [(id, reason, by decorator)], slowest)``."""
+    _Timed.durations = []
     with open(os.devnull, "w") as sink:
-        result = unittest.TextTestRunner(stream=sink, verbosity=0).run(suite)
+        result = unittest.TextTestRunner(stream=sink, verbosity=0, resultclass=_Timed).run(suite)
     failures = [(case.id(), text[-4000:]) for case, text in result.failures]
     errors = [(case.id(), text[-4000:]) for case, text in result.errors]
     skipped = [(case.id(), reason, decorator_skip(case)) for case, reason in result.skipped]
-    return result.testsRun, failures, errors, skipped
+    return result.testsRun, failures, errors, skipped, sorted(_Timed.durations)[::-1][:3]
 
 
 def main():
@@ -150,13 +170,13 @@ def main():
         keep = (lambda tid: True) if collectives is None else \
             (lambda tid, cs=collectives: on_world(tid) and collective_of(tid) in cs)
         t0 = time.perf_counter()
-        ran, failures, errors, skipped = run_once(tests_of(modules, keep))
+        ran, failures, errors, skipped, slowest = run_once(tests_of(modules, keep))
         seconds = time.perf_counter() - t0
         # A skip at run time must also happen on the plain communicators.
         doubtful = {tid: reason for tid, reason, by_decorator in skipped if not by_decorator}
         if doubtful:
             plain = load(testdir, MPI.COMM_WORLD, MPI.COMM_SELF, backends)
-            _, _, _, native = run_once(tests_of(plain, lambda tid: tid in doubtful))
+            native = run_once(tests_of(plain, lambda tid: tid in doubtful))[3]
             native = {tid: reason for tid, reason, _ in native}
             for tid, reason in doubtful.items():
                 if native.get(tid) != reason:
@@ -165,7 +185,7 @@ def main():
         report.append({"run": label, "algorithms": mapping or "auto", "tests": ran,
                        "failures": failures, "errors": errors,
                        "skipped": [[tid, reason] for tid, reason, _ in skipped],
-                       "seconds": round(seconds, 2)})
+                       "seconds": round(seconds, 2), "slowest": slowest})
     merged = WORLD.gather(report, root=0)
     if WORLD.Get_rank() == 0:
         for rank, runs_of_rank in enumerate(merged):
