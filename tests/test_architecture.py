@@ -76,12 +76,14 @@ def _resolve(module, node):
         prefix = node.module[len(ROOT) + 1:]
     else:
         return targets
-    targets.append(prefix)
-    for alias in node.names:  # ``from . import ring`` imports a module
-        sub = f"{prefix}.{alias.name}" if prefix else alias.name
-        if sub in MODULES:
-            targets.append(sub)
-    return targets
+    subs = [f"{prefix}.{alias.name}" if prefix else alias.name for alias in node.names]
+    modules = [sub for sub in subs if sub in MODULES]  # ``from . import ring`` imports a module
+    # The package itself is a target unless only its submodules are imported
+    # from inside it (``from . import _small`` in algorithms/shm.py needs
+    # nothing of algorithms/__init__.py beyond what is already running).
+    if len(modules) < len(subs) or not module.startswith(prefix + "."):
+        targets.append(prefix)
+    return targets + modules
 
 
 def _ancestors(name):
