@@ -146,6 +146,8 @@ def test_specs_like_mpi4py():
         B.parse([x])
     with pytest.raises(TypeError, match="expecting buffer"):
         B.parse(3.5)
+    assert B.parse([x, [3, 2]]) == B.Spec(x, 3, 2)  # a list pair: (count, displ)
+    assert B.parse([x, [3, 2]], vector=True) == B.Spec(x, [3, 2])  # a list: the counts
     spec = B.parse([x, (3, 2), MPI.DOUBLE])
     mem = B.spec_memory(spec, "recvbuf", True)
     assert np.array_equal(B.spec_array(spec, mem, np.dtype("d"), "recvbuf"), [2.0, 3.0, 4.0])
@@ -161,16 +163,19 @@ def test_specs_like_mpi4py():
 def test_vector_layouts_like_mpi4py():
     x = np.zeros(10)
     layout = B.vector_layout
-    assert layout(B.parse_vector(x), x, 8, 3, "r") == ([4, 3, 3], [0, 4, 7])
-    assert layout(B.parse_vector([x, 2]), x, 8, 3, "r") == ([2, 2, 2], [0, 2, 4])
-    assert layout(B.parse_vector([x, ([1, 2, 3], None)]), x, 8, 3, "r") == ([1, 2, 3], [0, 1, 3])
-    assert layout(B.parse_vector([x, ([1, 2, 3], 3)]), x, 8, 3, "r") == ([1, 2, 3], [0, 3, 6])
-    assert layout(B.parse_vector([x, [3, 1, 1], [5, 0, 9], "d"]), x, 8, 3, "r") == \
+
+    def parse_vector(msg):
+        return B.parse(msg, vector=True)
+    assert layout(parse_vector(x), x, 8, 3, "r") == ([4, 3, 3], [0, 4, 7])
+    assert layout(parse_vector([x, 2]), x, 8, 3, "r") == ([2, 2, 2], [0, 2, 4])
+    assert layout(parse_vector([x, ([1, 2, 3], None)]), x, 8, 3, "r") == ([1, 2, 3], [0, 1, 3])
+    assert layout(parse_vector([x, ([1, 2, 3], 3)]), x, 8, 3, "r") == ([1, 2, 3], [0, 3, 6])
+    assert layout(parse_vector([x, [3, 1, 1], [5, 0, 9], "d"]), x, 8, 3, "r") == \
         ([3, 1, 1], [5, 0, 9])
     with pytest.raises(ValueError, match="outside the buffer"):
-        layout(B.parse_vector([x, [3, 1, 2], [5, 0, 9], "d"]), x, 8, 3, "r")
+        layout(parse_vector([x, [3, 1, 2], [5, 0, 9], "d"]), x, 8, 3, "r")
     with pytest.raises(ValueError, match="expecting 3"):
-        layout(B.parse_vector([x, [1, 1]]), x, 8, 3, "r")
+        layout(parse_vector([x, [1, 1]]), x, 8, 3, "r")
 
 
 @pytest.mark.parametrize("datatype, kernel", [

@@ -31,7 +31,7 @@ accept what mpi4py accepts, read by the same rules, in the same order:
 mpi4py's buffer *specifications* (``[buf, datatype]``, ``[buf, count,
 datatype]``, ``[buf, (count, displ), datatype]``, ``[buf, count, displ,
 datatype]``, and for vector collectives ``[buf, counts, displs, datatype]``)
-are parsed here too (:func:`parse`, :func:`parse_vector`), with mpi4py's
+are parsed here too (:func:`parse`, :func:`vector_layout`), with mpi4py's
 errors; so is the decision whether pycollective can serve an (op, datatype)
 or must fall back (:func:`op_reason`, :func:`reduction_dtype`,
 :func:`movable`), which depends only on arguments MPI requires to match on
@@ -61,7 +61,7 @@ from ._kernels import SUPPORTED_DTYPES
 from ._ops import predefined_name, resolve_op
 
 __all__ = ["BufferSpecError", "Fallback", "DeviceMemory", "Invalid", "memory", "flat", "device_reason",
-           "Spec", "parse", "parse_vector", "spec_datatype", "spec_memory", "spec_array",
+           "Spec", "parse", "spec_datatype", "spec_memory", "spec_array",
            "vector_layout", "op_reason",
            "reduction_dtype", "movable", "log_fallback", "is_in_place"]
 
@@ -365,63 +365,51 @@ def _bare(msg) -> bool:
     return _dlpack_device(msg) is not None or hasattr(msg, "__cuda_array_interface__")
 
 
-def parse(msg) -> Spec:
-    """Split a buffer argument as mpi4py's ``message_simple``; raises mpi4py's errors."""
+def parse(msg, vector=False) -> Spec:
+    """Split a buffer argument as mpi4py's ``message_simple`` (``vector``: ``message_vector``).
+
+    ``[buf, x]`` is ``[buf, datatype]`` if x is one, else ``[buf, (count,
+    displ)]`` if x is a pair, else ``[buf, count]``; a vector spec's pair
+    must be a tuple (a list there is the counts).  Raises mpi4py's errors.
+    """
     if _bare(msg):
         return Spec(msg)
-    if isinstance(msg, (list, tuple)):
-        if len(msg) == 2:
-            buf, second = msg
-            if _is_datatype(second):
-                return Spec(buf, datatype=second)
-            if isinstance(second, (list, tuple)):
-                count, displ = second
-                return Spec(buf, count, displ)
-            return Spec(buf, second)
-        if len(msg) == 3:
-            buf, count, datatype = msg
-            if isinstance(count, (list, tuple)):
-                count, displ = count
-                return Spec(buf, count, displ, datatype)
-            return Spec(buf, count, None, datatype)
-        if len(msg) == 4:
-            return Spec(*msg)
-        raise ValueError("message: expecting 2 to 4 items")
-    raise TypeError(f"message: expecting buffer or list/tuple, got {type(msg).__name__}")
+    if not isinstance(msg, (list, tuple)):
+        raise TypeError(f"message: expecting buffer or list/tuple, got {type(msg).__name__}")
+    pair = tuple if vector else (list, tuple)
+    if len(msg) == 2:
+        buf, second = msg
+        if _is_datatype(second):
+            return Spec(buf, datatype=second)
+        if isinstance(second, pair):
+            count, displ = second
+            return Spec(buf, count, displ)
+        return Spec(buf, second)
+    if len(msg) == 3:
+        buf, count, datatype = msg
+        if isinstance(count, pair):
+            count, displ = count
+            return Spec(buf, count, displ, datatype)
+        return Spec(buf, count, None, datatype)
+    if len(msg) == 4:
+        return Spec(*msg)
+    raise ValueError("message: expecting 2 to 4 items")
 
 
-def parse_vector(msg) -> Spec:
-    """Split a vector buffer argument as mpi4py's ``message_vector`` (counts, displs)."""
-    if _bare(msg):
-        return Spec(msg)
-    if isinstance(msg, (list, tuple)):
-        if len(msg) == 2:
-            buf, second = msg
-            if _is_datatype(second):
-                return Spec(buf, datatype=second)
-            if isinstance(second, tuple):
-                counts, displs = second
-                return Spec(buf, counts, displs)
-            return Spec(buf, second)
-        if len(msg) == 3:
-            buf, counts, datatype = msg
-            if isinstance(counts, tuple):
-                counts, displs = counts
-                return Spec(buf, counts, displs, datatype)
-            return Spec(buf, counts, None, datatype)
-        if len(msg) == 4:
-            return Spec(*msg)
-        raise ValueError("message: expecting 2 to 4 items")
-    raise TypeError(f"message: expecting buffer or list/tuple, got {type(msg).__name__}")
+_by_code = {}  # numpy type code -> MPI datatype (predefined: never changes)
 
 
 def _datatype_of(mem: np.ndarray) -> MPI.Datatype:
     if mem.dtype == RAW:
         return MPI.BYTE
-    try:
-        return MPI.Datatype.fromcode(mem.dtype.char)
-    except (ValueError, KeyError):
-        raise ValueError(f"cannot map {mem.dtype.char!r} to MPI datatype") from None
+    code = mem.dtype.char
+    datatype = _by_code.get(code)
+    if datatype is None:
+        try:
+            datatype = _by_code[code] = MPI.Datatype.fromcode(code)
+        except (ValueError, KeyError):
+            raise ValueError(f"cannot map {code!r} to MPI datatype") from None
+    return datatype
 
 
 def spec_datatype(spec: Spec, mem: Optional[np.ndarray]) -> MPI.Datatype:

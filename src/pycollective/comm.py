@@ -92,8 +92,7 @@ from mpi4py import MPI
 
 from . import _settings
 from ._buffers import (Fallback, Invalid, is_in_place, log_fallback, movable, op_reason, parse,
-                       parse_vector, reduction_dtype, spec_array, spec_datatype, spec_memory,
-                       vector_layout)
+                       reduction_dtype, spec_array, spec_datatype, spec_memory, vector_layout)
 from ._collectives import (COLLECTIVES, algorithms, allgather, allgatherv, allreduce, bcast,
                            reduce, reduce_scatter)
 from ._context import Key, duplicate, get_context, live_contexts
@@ -136,7 +135,7 @@ def _plan(resolve, enter_invalid, *args) -> _Plan:
 
 def _read(msg, name, writable, vector=False):
     """``(spec, memory, datatype)`` of one buffer argument (mpi4py's errors)."""
-    spec = parse_vector(msg) if vector else parse(msg)
+    spec = parse(msg, vector)
     mem = spec_memory(spec, name, writable)
     return spec, mem, spec_datatype(spec, mem)
 

@@ -20,6 +20,7 @@ from pycollective import _buffers
 from pycollective import comm as comm_module
 from _data import MPI_OPS, bitwise_equal, exact_values
 from _tensors import DLPackOnly, FakeDevice
+from test_comm import comms  # noqa: F401  (the fixture: world, self, a Dup)
 
 OPS = ["sum", "prod", "max", "min"]
 DTYPES = ["float64", "int32", "float32"]
@@ -27,13 +28,6 @@ DTYPES = ["float64", "int32", "float32"]
 CHOICES = [None, "ring", "shm", {"bcast": "chain", "reduce": "tree",
                                  "allgather": "ring_pipelined",
                                  "reduce_scatter": "ring_pipelined"}]
-
-
-@pytest.fixture(scope="module")
-def comms():
-    dup = MPI.COMM_WORLD.Dup()
-    yield [("world", MPI.COMM_WORLD), ("self", MPI.COMM_SELF), ("dup", dup)]
-    dup.Free()
 
 
 def _compare(failures, where, got, want):
