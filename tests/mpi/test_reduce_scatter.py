@@ -1,12 +1,11 @@
 """reduce_scatter: every algorithm, exact answers, every communicator size, both block layouts.
 
 Data depend on rank and index (tests/mpi/_data.py) and are exact in every
-dtype, so each block must equal the exact reduction bit for bit; the blocks
-of all ranks together must be that whole vector on every rank, and the
-input must be untouched (in place: every element outside this rank's
-block).  Blocks come from :func:`pycollective.partition` or from caller
-counts that are uneven, put empty blocks first, or give everything to one
-rank.
+dtype, so each rank's block must equal its part of the exact reduction bit
+for bit, and the input must be untouched (in place: every element outside
+this rank's block).  Blocks come from :func:`pycollective.partition` or,
+for counts 1, N+1, 13 and 1000, from caller counts that are uneven, put
+empty blocks first, or give everything to one rank.
 """
 
 import numpy as np
@@ -29,10 +28,11 @@ CASES = [(a, d) for a in pycollective.algorithms("reduce_scatter") for d in OPS_
 
 
 def layouts_of(count, n):
-    """``(label, counts or None)``: partition's blocks, then caller counts."""
-    reverse = [pycollective.partition(count, n, n - 1 - q)[1] for q in range(n)]
-    found = [("partition", None), ("reversed", reverse)]
-    if count < 20:
+    """``(label, counts or None)``: partition's blocks, then (for a few counts) caller counts."""
+    found = [("partition", None)]
+    if count in (1, n + 1, 13, 1000):  # uneven, empty blocks first, or all on one rank
+        found.append(("reversed", [pycollective.partition(count, n, n - 1 - q)[1]
+                                   for q in range(n)]))
         found.append(("all on last", [0] * (n - 1) + [count]))
     return found
 
@@ -58,9 +58,6 @@ def check(comm, algorithm, dtype, op, count, counts, failures, where):
         failures.append(f"{where}: {int(np.count_nonzero(out != expected[lo:hi]))} wrong")
     if not bitwise_equal(send, original):
         failures.append(f"{where}: sendbuf modified")
-    joined = np.concatenate([np.frombuffer(x, dtype) for x in comm.allgather(out.tobytes())])
-    if not bitwise_equal(joined, expected):
-        failures.append(f"{where}: the ranks' blocks are not the whole reduction")
     inplace = send.copy()
     pycollective.reduce_scatter(MPI.IN_PLACE, inplace, op, counts=counts, comm=comm,
                                 algorithm=algorithm)
