@@ -281,6 +281,8 @@ def memory(obj, name, writable) -> np.ndarray:
         view = memoryview(obj)
     except TypeError:
         view = None
+    except BufferError as exc:  # an exporter that refuses (as a ValueError too)
+        raise BufferSpecError(f"{name}: {exc}") from None
     if view is not None:
         if view.c_contiguous or view.f_contiguous:
             if writable and view.readonly:

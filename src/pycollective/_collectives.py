@@ -14,13 +14,16 @@ some ranks waiting for messages that will not come:
    rank-local mistake can leave the others waiting.
 3. Trivial cases (count 0, one rank) return without messages, identically
    on every rank.
-4. The algorithm is resolved: ``auto`` asks :mod:`._auto` (collective on a
-   communicator's first automatic call, which is safe now that every rank
-   agreed it is an automatic call); a named algorithm that cannot run on
-   this communicator raises its ``usable`` reason on every rank.
+4. The algorithm is resolved: ``auto`` asks :mod:`._auto` (:mod:`._choose`
+   for the collectives other than allreduce; collective on a communicator's
+   first automatic call, which is safe now that every rank agreed it is an
+   automatic call); a named algorithm that cannot run on this communicator
+   raises its ``usable`` reason on every rank.
 5. The algorithm runs on flat views of the buffers.
 
-Repeated calls of one shape take :mod:`._fastpath` instead of steps 1-4.
+Repeated calls of one shape take :mod:`._fastpath` instead of steps 1-4
+(allreduce only).  Buffers are read by :mod:`._buffers`: any buffer mpi4py
+accepts; device memory goes to the communicator's own MPI call instead.
 """
 
 import operator
