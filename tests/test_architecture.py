@@ -22,11 +22,11 @@ ROOT = "pycollective"
 LAYERS = [
     # 0: no MPI state of their own
     {"_env", "_ops", "_units", "_table", "_timing", "_root", "_exact", "_about", "_kernels",
-     "_partition", "_registry", "_errors", "_atomics", "_settings", "compression"},
+     "_partition", "_registry", "_errors", "_atomics", "_settings", "_buffers", "compression"},
     {"_watch", "_context"},
     {"_shmem", "_cma"},
     {"algorithms", "algorithms.*"},
-    {"_agree", "_fastpath", "_auto", "model", "model.formulas", "model.lecture",
+    {"_agree", "_fastpath", "_auto", "_choose", "model", "model.formulas", "model.lecture",
      "model.params", "model.choice", "model.fit", "model.ledger"},
     {"_collectives"},
     {"comm", "bucketing", "bench", "bench.*", "model.calibrate", "model.__main__", ""},
@@ -37,7 +37,6 @@ LAYERS = [
 # Where the core may reach into an algorithm module, and why.
 ALGORITHM_IMPORTS_ALLOWED = {
     ("_collectives", "algorithms"): "importing the package registers every algorithm",
-    ("_collectives", "algorithms.ring"): "ring's phases are reduce_scatter and allgather",
     ("model.calibrate", "algorithms._p2p"): "calibration times the algorithms' own Sendrecv",
 }
 

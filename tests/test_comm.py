@@ -15,7 +15,14 @@ import pytest
 from mpi4py import MPI
 
 import pycollective
+from pycollective import _buffers
 from pycollective import comm as comm_module
+
+
+def _decide(sendbuf, recvbuf, op):
+    """What the drop-in's Allreduce resolves to: reason set for a fallback, error, or neither."""
+    return comm_module._plan(comm_module._allreduce_plan, comm_module._invalid_allreduce,
+                             sendbuf, recvbuf, op)
 
 
 def _data(count, dtype):
@@ -101,8 +108,8 @@ def test_reinterpreting_bytes_like_mpi4py():
 def test_fallback_decision_depends_on_op_and_datatype(op, datatype, reason):
     extent = datatype.Get_extent()[1]
     buf = np.zeros(3 * extent, np.uint8)
-    call = comm_module._resolve([buf, 3, datatype], [buf.copy(), 3, datatype], op)
-    assert call.native and reason in call.reason
+    plan = _decide([buf, 3, datatype], [buf.copy(), 3, datatype], op)
+    assert plan.reason is not None and reason in plan.reason
 
 
 def test_user_op_and_derived_datatype_fall_back():
@@ -110,10 +117,8 @@ def test_user_op_and_derived_datatype_fall_back():
     pair = MPI.INT.Create_contiguous(2).Commit()
     try:
         x = np.zeros(4, np.int32)
-        call = comm_module._resolve(x, x.copy(), op)
-        assert call.native and call.reason == "user-defined op"
-        call = comm_module._resolve([x, 2, pair], [x.copy(), 2, pair], MPI.SUM)
-        assert call.native and call.reason == "derived datatype"
+        assert _decide(x, x.copy(), op).reason == "user-defined op"
+        assert _decide([x, 2, pair], [x.copy(), 2, pair], MPI.SUM).reason == "derived datatype"
     finally:
         pair.Free()
         op.Free()
@@ -124,14 +129,14 @@ def test_supported_calls_do_not_fall_back():
                   "uint16", "uint32", "uint64"):
         x = _data(5, dtype)
         for op in (MPI.SUM, MPI.PROD, MPI.MAX, MPI.MIN):
-            call = comm_module._resolve(x, np.empty_like(x), op)
-            assert not call.native and call.error is None, (dtype, op, call.reason)
+            plan = _decide(x, np.empty_like(x), op)
+            assert plan.reason is None and plan.error is None, (dtype, op, plan.reason)
 
 
 def test_fallback_is_logged_once_per_reason(caplog):
     drop = pycollective.Comm(MPI.COMM_SELF)
     reason = "op MPI.BOR is not implemented by pycollective"
-    comm_module._logged.discard(reason)
+    _buffers.forget_logged(reason)
     x = np.array([1, 2, 4], np.int32)
     with caplog.at_level(logging.INFO, logger="pycollective"):
         for _ in range(3):
@@ -191,9 +196,8 @@ def test_iallreduce_error_raised_by_wait():
     with pytest.raises(ValueError, match="3.*4|4.*3"):
         drop.Iallreduce(np.zeros(3), np.zeros(4))
     ro = np.frombuffer(bytes(24))
-    req = drop.Iallreduce(np.zeros(3), ro)
-    with pytest.raises(ValueError, match="read-only"):
-        req.Wait()
+    with pytest.raises(BufferError, match="read-only"):  # at the call, as mpi4py
+        drop.Iallreduce(np.zeros(3), ro)
 
 
 def test_iallreduce_without_thread_multiple_is_native(monkeypatch):
@@ -205,3 +209,101 @@ def test_iallreduce_without_thread_multiple_is_native(monkeypatch):
     assert not isinstance(req, pycollective.Request) and isinstance(req, MPI.Request)
     req.Wait()
     assert np.array_equal(out, x)
+
+
+# --- the other collectives on one rank --------------------------------------------------
+
+def test_algorithm_names_and_mappings():
+    chosen = comm_module._algorithm_map("ring")
+    assert chosen == {c: "ring" for c in ("allreduce", "reduce_scatter", "allgather", "reduce")}
+    assert comm_module._algorithm_map("chain") == {"bcast": "chain"}
+    assert comm_module._algorithm_map({"bcast": "shm", "allreduce": "auto"}) == {"bcast": "shm"}
+    assert comm_module._algorithm_map(None) == comm_module._algorithm_map("auto") == {}
+    with pytest.raises(ValueError, match="unknown algorithm 'chain' for allreduce"):
+        comm_module._algorithm_map({"allreduce": "chain"})
+    with pytest.raises(ValueError, match="unknown collective"):
+        comm_module._algorithm_map({"gather": "ring"})
+    drop = pycollective.Comm(MPI.COMM_SELF, algorithm={"reduce": "tree"})
+    assert drop.Dup().algorithm == {"reduce": "tree"}
+
+
+def test_new_collectives_on_one_rank_touch_what_mpi4py_touches():
+    drop = pycollective.Comm(MPI.COMM_SELF)
+    plain = MPI.COMM_SELF
+    x = _data(6, "float64")
+    cases = [  # (call, make buffers)
+        (lambda c, s, v: c.Reduce_scatter_block(s, v), lambda: (x.copy(), np.full(6, 5.0))),
+        (lambda c, v: c.Reduce_scatter_block(MPI.IN_PLACE, [v, 3, MPI.DOUBLE]),
+         lambda: (x.copy(),)),
+        (lambda c, s, v: c.Reduce_scatter(s, v, [6]), lambda: (x.copy(), np.full(6, 5.0))),
+        (lambda c, s, v: c.Reduce_scatter(s, v), lambda: (x.copy(), np.full(6, 5.0))),
+        (lambda c, v: c.Reduce_scatter(None, [v, 4, MPI.DOUBLE], [4]),
+         lambda: (np.r_[x[:4], 9.0, 9.0],)),
+        (lambda c, s, v: c.Allgather([s, 2, MPI.DOUBLE], [v, 2, MPI.DOUBLE]),
+         lambda: (x.copy(), np.full(6, 5.0))),
+        (lambda c, s, v: c.Allgatherv(s[:3], [v, ([3], [2]), MPI.DOUBLE]),
+         lambda: (x.copy(), np.full(6, 5.0))),
+        (lambda c, s, v: c.Reduce([s, (2, 1), "d"], [v, (2, 3), "d"], MPI.MIN),
+         lambda: (x.copy(), np.full(6, 5.0))),
+        (lambda c, v: c.Bcast([v, 4, MPI.BYTE]), lambda: (x.copy(),)),
+    ]
+    for call, make in cases:
+        mine, theirs = make(), make()
+        call(drop, *mine)
+        call(plain, *theirs)
+        for a, b in zip(mine, theirs):
+            assert np.array_equal(a, b), (a, b)
+
+
+def test_new_collectives_raise_mpi4py_errors():
+    drop = pycollective.Comm(MPI.COMM_SELF)
+    with pytest.raises(ValueError, match="mismatch in send count 6 and receive count 5"):
+        drop.Reduce_scatter_block(np.zeros(6), np.zeros(5))
+    with pytest.raises(ValueError, match="add up to"):
+        drop.Reduce_scatter(np.zeros(6), np.zeros(6), [5])
+    with pytest.raises(ValueError, match="needs recvcounts"):
+        drop.Reduce_scatter(MPI.IN_PLACE, np.zeros(6))
+    with pytest.raises(ValueError, match="mismatch in send size 16 bytes"):
+        drop.Allgather(np.zeros(2), np.zeros(3))
+    with pytest.raises(ValueError, match="outside the buffer"):
+        drop.Allgatherv(np.zeros(2), [np.zeros(3), ([2], [2])])
+    with pytest.raises(BufferError, match="read-only"):
+        drop.Reduce(np.zeros(1), np.frombuffer(bytes(8)))
+    with pytest.raises(TypeError):
+        drop.Bcast(object())
+
+
+@pytest.mark.parametrize("call, reason", [
+    (lambda c: c.Reduce_scatter_block(np.zeros(2, complex), np.zeros(2, complex)),
+     "no pycollective kernel"),
+    (lambda c: c.Reduce(np.zeros(2, np.int32), np.zeros(2, np.int32), MPI.BXOR), "op MPI.BXOR"),
+    (lambda c: c.Allgather([np.zeros(4), 1, MPI.DOUBLE_INT], [np.zeros(4), 1, MPI.DOUBLE_INT]),
+     "has holes"),
+])
+def test_new_collectives_fall_back_by_op_and_datatype(call, reason, caplog):
+    drop = pycollective.Comm(MPI.COMM_SELF)
+    for known in list(_buffers._logged):
+        if reason in known:
+            _buffers.forget_logged(known)
+    with caplog.at_level(logging.INFO, logger="pycollective"):
+        call(drop)
+    assert any(reason in r.getMessage() for r in caplog.records)
+
+
+def test_dlpack_tensors_through_the_dropin_and_the_public_functions():
+    from test_buffers import DLPackOnly, FakeDevice, LegacyDLPack  # noqa: PLC0415
+    drop = pycollective.Comm(MPI.COMM_SELF)
+    for wrap in (DLPackOnly, LegacyDLPack):
+        x = _data(6, "float32")
+        out = np.zeros(6, np.float32)
+        drop.Allreduce(wrap(x), wrap(out))
+        assert np.array_equal(out, x)
+        out[...] = 0
+        pycollective.allreduce(wrap(x), wrap(out), comm=MPI.COMM_SELF)
+        assert np.array_equal(out, x)
+        out[...] = 0
+        drop.Iallreduce(wrap(x), [wrap(out), MPI.FLOAT]).Wait()
+        assert np.array_equal(out, x)
+    host, out = _data(4, "float64"), np.zeros(4)
+    pycollective.allreduce(FakeDevice(host), FakeDevice(out), comm=MPI.COMM_SELF)  # MPI's call
+    assert np.array_equal(out, host)

@@ -1,4 +1,4 @@
-"""pycollective: allreduce algorithms on mpi4py point-to-point messages.
+"""pycollective: collective algorithms on mpi4py point-to-point messages and shared memory.
 
 >>> import numpy as np, pycollective
 >>> from mpi4py import MPI
@@ -13,19 +13,20 @@ package's layers, each importing only those below it, are described in
 import logging
 from importlib import metadata as _metadata
 
-from ._collectives import (algorithms, allgather, allreduce, reduce_scatter, set_check,
-                           set_timeout, unusable_algorithms, usable_algorithms)
+from ._collectives import (algorithms, allgather, allgatherv, allreduce, bcast, broadcast,
+                           reduce, reduce_scatter, set_check, set_timeout, unusable_algorithms,
+                           usable_algorithms)
 from ._errors import (CollectiveError, CollectiveMismatch, CollectiveTimeout, CommunicatorBroken,
                       ConfigurationError, PeerFailed, StallWarning)
 from ._partition import partition
 from .bucketing import GradientBuckets
 from .comm import Comm, Request
 
-__all__ = ["allreduce", "reduce_scatter", "allgather", "algorithms", "usable_algorithms",
-           "unusable_algorithms", "partition", "set_check", "set_timeout", "Comm", "Request",
-           "GradientBuckets", "CollectiveError", "CollectiveTimeout", "CollectiveMismatch",
-           "PeerFailed", "CommunicatorBroken", "ConfigurationError", "StallWarning",
-           "__version__"]
+__all__ = ["allreduce", "reduce_scatter", "allgather", "allgatherv", "reduce", "bcast",
+           "broadcast", "algorithms", "usable_algorithms", "unusable_algorithms", "partition",
+           "set_check", "set_timeout", "Comm", "Request", "GradientBuckets", "CollectiveError",
+           "CollectiveTimeout", "CollectiveMismatch", "PeerFailed", "CommunicatorBroken",
+           "ConfigurationError", "StallWarning", "__version__"]
 
 try:
     __version__ = _metadata.version("pycollective")

@@ -14,21 +14,26 @@ some ranks waiting for messages that will not come:
    rank-local mistake can leave the others waiting.
 3. Trivial cases (count 0, one rank) return without messages, identically
    on every rank.
-4. The algorithm is resolved: ``auto`` asks :mod:`._auto` (collective on a
-   communicator's first automatic call, which is safe now that every rank
-   agreed it is an automatic call); a named algorithm that cannot run on
-   this communicator raises its ``usable`` reason on every rank.
+4. The algorithm is resolved: ``auto`` asks :mod:`._auto` (:mod:`._choose`
+   for the collectives other than allreduce; collective on a communicator's
+   first automatic call, which is safe now that every rank agreed it is an
+   automatic call); a named algorithm that cannot run on this communicator
+   raises its ``usable`` reason on every rank.
 5. The algorithm runs on flat views of the buffers.
 
-Repeated calls of one shape take :mod:`._fastpath` instead of steps 1-4.
+Repeated calls of one shape take :mod:`._fastpath` instead of steps 1-4
+(allreduce only).  Buffers are read by :mod:`._buffers`: any buffer mpi4py
+accepts; device memory goes to the communicator's own MPI call instead.
 """
 
+import operator
+import zlib
 from typing import Callable, List, NamedTuple, Optional
 
 import numpy as np
 from mpi4py import MPI
 
-from . import _auto, _fastpath, _registry, _settings, _watch
+from . import _auto, _buffers, _choose, _fastpath, _registry, _settings, _watch
 from . import compression as _compression
 from . import algorithms as _algorithms  # noqa: F401  (importing it registers every algorithm)
 from ._agree import Facts, agree, agree_max, verdict
@@ -36,12 +41,16 @@ from ._agree import board as _agree_board
 from ._context import Context, comm_settings, get_context, set_comm_setting
 from ._errors import CollectiveTimeout, ConfigurationError
 from ._kernels import SUPPORTED_DTYPES, get_kernel
-from ._ops import OPS, resolve_op
-from ._partition import chunk_bounds, partition
-from .algorithms.ring import allgather_phase, reduce_scatter_phase
+from ._ops import MPI_OPS, OPS, resolve_op
+from ._partition import chunk_bounds
 
-__all__ = ["allreduce", "reduce_scatter", "allgather", "algorithms", "set_check",
-           "set_timeout", "usable_algorithms", "unusable_algorithms"]
+__all__ = ["allreduce", "reduce_scatter", "allgather", "allgatherv", "reduce", "bcast",
+           "broadcast", "algorithms", "set_check", "set_timeout", "usable_algorithms",
+           "unusable_algorithms", "COLLECTIVES"]
+
+#: The collectives with algorithms of their own, as ``collective=`` of
+#: :func:`algorithms` and :func:`pycollective._registry.register` name them.
+COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "bcast", "reduce")
 
 _AUTO = "auto"
 DEFAULT = _settings.UNSET  # "not given": the communicator's or the process's setting
@@ -86,23 +95,36 @@ def set_timeout(seconds, comm=None):
     return previous
 
 
-def algorithms() -> List[str]:
-    """Return the names of the registered allreduce algorithms."""
-    return _registry.names()
+def _collective_name(collective):
+    if collective not in COLLECTIVES:
+        raise ValueError(f"unknown collective {collective!r}; one of {', '.join(COLLECTIVES)}")
+    return collective
 
 
-def usable_algorithms(comm=None) -> List[str]:
-    """The registered algorithms that can run on ``comm`` (collective on first use).
+def algorithms(collective: str = "allreduce") -> List[str]:
+    """Return the names of the registered algorithms of ``collective`` (default: allreduce).
+
+    Raises:
+        ValueError: ``collective`` is not one of :data:`COLLECTIVES`.
+    """
+    return _registry.names(_collective_name(collective))
+
+
+def usable_algorithms(comm=None, collective: str = "allreduce") -> List[str]:
+    """The registered algorithms of ``collective`` that can run on ``comm`` (collective on first use).
 
     See :func:`unusable_algorithms` for the others and why.
     """
-    reasons = unusable_algorithms(comm)
-    return [n for n in _registry.names() if n not in reasons]
+    reasons = unusable_algorithms(comm, collective)
+    return [n for n in _registry.names(collective) if n not in reasons]
 
 
-def unusable_algorithms(comm=None) -> dict:
-    """``{name: reason}`` for each registered algorithm that cannot run on ``comm``."""
-    return _auto.unusable_reasons(get_context(_resolve_comm(comm)))
+def unusable_algorithms(comm=None, collective: str = "allreduce") -> dict:
+    """``{name: reason}`` for each algorithm of ``collective`` that cannot run on ``comm``."""
+    ctx = get_context(_resolve_comm(comm))
+    if _collective_name(collective) == "allreduce":
+        return _auto.unusable_reasons(ctx)
+    return _choose.unusable(ctx, collective)
 
 
 # --- local checks -------------------------------------------------------------
@@ -118,27 +140,22 @@ def _resolve_comm(comm):
 
 
 def _flat(buf, name, writable):
-    """Flat view of a contiguous numpy array, in memory order (subclasses as plain arrays)."""
-    if not isinstance(buf, np.ndarray):
-        raise TypeError(f"{name} must be a numpy array, got {type(buf).__name__}")
-    if type(buf) is not np.ndarray:
-        if isinstance(buf, np.ma.MaskedArray):
-            raise TypeError(f"{name} is a masked array: reduce its data explicitly "
-                            "(e.g. arr.filled(0)) or its mask separately")
-        # np.matrix, np.memmap, ...: the same memory as a plain array, so that
-        # shapes and sizes mean what they mean for numpy arrays.
-        buf = buf.view(np.ndarray)
-    if not (buf.flags.c_contiguous or buf.flags.f_contiguous):
-        raise ValueError(f"{name} is not contiguous (strides {buf.strides}); "
-                         "pass a contiguous array, e.g. np.ascontiguousarray(...)")
-    if writable and not buf.flags.writeable:
-        raise ValueError(f"{name} is read-only")
-    return buf.reshape(-1, order="A")
+    """Flat view (no copy) of any buffer: numpy arrays, the buffer protocol, CPU DLPack."""
+    return _buffers.flat(buf, name, writable)
 
 
-def _buffers(sendbuf, recvbuf):
-    """Return (src, dst) flat views; src is dst for in-place calls."""
-    dst = _flat(recvbuf, "recvbuf", writable=True)
+def _reducible(array, name):
+    """``array``, unless its elements are raw bytes of a type numpy has no name for."""
+    if array.dtype == _buffers.RAW:
+        raise TypeError(f"unsupported dtype: {name} holds elements numpy has no name for "
+                        "(a DLPack type such as bfloat16); pycollective reduces "
+                        + ", ".join(str(d) for d in SUPPORTED_DTYPES))
+    return array
+
+
+def _pair(sendbuf, recvbuf):
+    """Return (src, dst) flat views of a reduction; src is dst for in-place calls."""
+    dst = _reducible(_flat(recvbuf, "recvbuf", writable=True), "recvbuf")
     if sendbuf is MPI.IN_PLACE:
         return dst, dst
     src = _flat(sendbuf, "sendbuf", writable=False)
@@ -321,8 +338,8 @@ def allreduce(sendbuf, recvbuf, op=MPI.SUM, *, comm=None, algorithm: str = "auto
         ``recvbuf``, holding bitwise the same result on every rank.
 
     Raises:
-        TypeError: non-numpy buffers, different dtypes, unsupported dtype,
-            a comm that is not an intracommunicator.
+        TypeError: objects that are not buffers, different dtypes,
+            unsupported dtype, a comm that is not an intracommunicator.
         ValueError: sizes differ, non-contiguous or read-only recvbuf,
             partially overlapping buffers, unknown op or algorithm, an
             algorithm that cannot run on this communicator, or (with
@@ -359,11 +376,16 @@ def allreduce(sendbuf, recvbuf, op=MPI.SUM, *, comm=None, algorithm: str = "auto
         finally:
             _leave(call)
         return recvbuf
+    reason = _buffers.device_reason(sendbuf, recvbuf)
+    if reason is not None:
+        _native("allreduce", reason)
+        _resolve_comm(comm).Allreduce(sendbuf, recvbuf, _mpi_op(op))
+        return recvbuf
 
     def local():
         algo = None if algorithm == _AUTO else _registry.get(algorithm)
         opname = resolve_op(op)
-        src, dst = _buffers(sendbuf, recvbuf)
+        src, dst = _pair(sendbuf, recvbuf)
         if src.size != dst.size:
             raise ValueError(f"recvbuf has {dst.size} elements but sendbuf has {src.size}")
         src = _same_or_disjoint(src, dst)
@@ -391,63 +413,167 @@ def allreduce(sendbuf, recvbuf, op=MPI.SUM, *, comm=None, algorithm: str = "auto
     return recvbuf
 
 
-# --- reduce-scatter and allgather -------------------------------------------
+# --- the other collectives: shared steps -------------------------------------------------------
 
-class _ReduceScatter(NamedTuple):
-    src: np.ndarray
-    out: np.ndarray
-    opname: str
-    kernel: Callable
+# The registry family serving each collective of a call (_watch.COLLECTIVES names).
+_FAMILY = {"reduce_scatter": "reduce_scatter", "reduce_scatterv": "reduce_scatter",
+           "allgather": "allgather", "allgatherv": "allgather", "bcast": "bcast",
+           "reduce": "reduce"}
+
+
+def _mpi_op(op):
+    """The MPI op for a native fallback (names as pycollective reads them)."""
+    return op if isinstance(op, MPI.Op) else MPI_OPS[resolve_op(op)]
+
+
+def _native(what, reason):
+    _buffers.log_fallback(reason, f"pycollective.{what}")
+
+
+def _named(algorithm, what):
+    """The registered algorithm called ``algorithm`` (None: auto); ValueError if unknown."""
+    return None if algorithm == _AUTO else _registry.get(algorithm, _FAMILY[what])
+
+
+def _algorithm_fact(what, algo):
+    return ("algorithm (-1: auto)", -1 if algo is None else
+            _registry.index(algo.name, _FAMILY[what]))
+
+
+def _counts_fact(counts):
+    """One integer that differs when the counts do (CRC-32 of the int64 vector)."""
+    return ("counts (CRC-32)", zlib.crc32(np.asarray(counts, np.int64).tobytes()))
+
+
+class _Checked(NamedTuple):
+    """A checked call of one of the collectives below: what the algorithm runs on."""
+
+    what: str                            # its name in _watch.COLLECTIVES
+    algo: Optional[_registry.Algorithm]  # None: algorithm="auto", chosen after agreement
+    count: int                           # elements (bytes for bcast) of the whole vector
+    dtype: np.dtype                      # the element type the algorithm sees
+    dtype_code: int                      # for the fingerprint (the itemsize for allgather)
+    op_code: int
     facts: Facts
+    args: tuple                          # run(ctx, *args)
+    own: tuple = ()                      # (src, dst): this rank's block to put in place first
 
     def fingerprint(self, settings):
-        return _watch.fingerprint("reduce_scatter", self.src.size, _dtype_code(self.src.dtype),
-                                  OPS.index(self.opname), 0, settings)
-
-
-class _Allgather(NamedTuple):
-    src: Optional[np.ndarray]
-    dst: np.ndarray
-    offset: int
-    facts: Facts
-
-    def fingerprint(self, settings):
-        # Allgather only moves bytes: the element size is what must agree.
-        return _watch.fingerprint("allgather", self.dst.size, self.dst.dtype.itemsize, -1, 0,
+        names = _registry.names(_FAMILY[self.what])
+        algo = len(names) if self.algo is None else names.index(self.algo.name)
+        return _watch.fingerprint(self.what, self.count, self.dtype_code, self.op_code, algo,
                                   settings)
 
 
-def reduce_scatter(sendbuf, recvbuf, op=MPI.SUM, *, comm=None, timeout=DEFAULT):
-    """Ring reduce-scatter: rank r receives the reduction of chunk r.
+def _call(what, comm, local, timeout, one_rank):
+    """Check, agree, then run the algorithm; ``one_rank(checked)`` on a single rank."""
+    ctx, checked, call = _prepare(what, comm, local, timeout)
+    if checked.own:
+        src, dst = checked.own
+        if src.size and src.__array_interface__["data"][0] != dst.__array_interface__["data"][0]:
+            dst[...] = src
+    if call is None:
+        one_rank(checked)
+        return
+    try:
+        if checked.count == 0:
+            return
+        algo = checked.algo
+        if algo is None:
+            algo = _choose.choose(ctx, _FAMILY[what], checked.count, checked.dtype)
+        else:
+            reason = algo.usable(ctx)
+            if reason:
+                raise ValueError(reason)
+        _run(call, algo.run, ctx, *checked.args)
+    finally:
+        _leave(call)
 
-    The M elements of ``sendbuf`` are split as :func:`partition` says; rank r
-    gets elements ``[offset, offset + length)`` of the element-wise
-    reduction, where ``(offset, length) = partition(M, N, r)``.
+
+def _comm_shape(comm):
+    resolved = _resolve_comm(comm)
+    return resolved.Get_size(), resolved.Get_rank()
+
+
+def _check_counts(counts, nranks, what):
+    """``counts`` as a list of N non-negative ints; ValueError otherwise."""
+    try:
+        counts = [operator.index(c) for c in counts]
+    except TypeError:
+        raise TypeError(f"{what} must be a sequence of integers, got {counts!r}") from None
+    if len(counts) != nranks:
+        raise ValueError(f"{what} has {len(counts)} entries for {nranks} ranks")
+    if any(c < 0 for c in counts):
+        raise ValueError(f"{what} has a negative entry: {counts}")
+    return counts
+
+
+def _bounds_of(counts):
+    bounds = [0]
+    for c in counts:
+        bounds.append(bounds[-1] + c)
+    return bounds
+
+
+# --- reduce-scatter ----------------------------------------------------------------------------
+
+def reduce_scatter(sendbuf, recvbuf, op=MPI.SUM, *, counts=None, comm=None,
+                   algorithm: str = "auto", timeout=DEFAULT):
+    """Reduce element-wise over all ranks; rank r receives block r of the result.
+
+    The M elements of ``sendbuf`` are split into N blocks: by ``counts``
+    (block r has ``counts[r]`` elements, blocks end to end), or if ``counts``
+    is None as :func:`partition` says (block r is ``partition(M, N, r)``).
 
     Args:
-        sendbuf: contiguous numpy array of M elements (same M on every rank),
-            never modified; or ``MPI.IN_PLACE``, in which case ``recvbuf``
-            holds the M input elements and the result is written over its
-            own chunk ``recvbuf[offset:offset + length]`` (the other chunks
-            are left unchanged).
-        recvbuf: writable contiguous array of ``length`` elements (M in place).
-        op, comm, timeout: as for :func:`allreduce`.
+        sendbuf: M elements, any buffer :func:`allreduce` takes (same M on
+            every rank), never modified; or ``MPI.IN_PLACE``, in which case
+            ``recvbuf`` holds the M input elements and the result is written
+            over this rank's own block of it (the other blocks are left
+            unchanged).
+        recvbuf: writable buffer of this rank's block length (M in place).
+        op: as for :func:`allreduce`.
+        counts: N block lengths summing to M, the same on every rank; None:
+            :func:`partition`'s.
+        comm, timeout: as for :func:`allreduce`.
+        algorithm: one of ``algorithms("reduce_scatter")`` or "auto" (the
+            smallest registered cost, see ``docs/usage.md``).
 
     Returns:
         ``recvbuf``.
 
     Raises:
         TypeError, ValueError, CollectiveError: as for :func:`allreduce`;
-        ValueError when ``recvbuf`` does not have this rank's chunk length.
+        ValueError when ``recvbuf`` does not have this rank's block length or
+        ``counts`` do not add up to M.
     """
+    reason = _buffers.device_reason(sendbuf, recvbuf)
+    if reason is not None:
+        if sendbuf is MPI.IN_PLACE:
+            raise ValueError("reduce_scatter in place on device memory: MPI places the result "
+                             "differently; pass a separate recvbuf")
+        _native("reduce_scatter", reason)
+        # counts None: mpi4py gathers the receive counts, which are partition's here.
+        _resolve_comm(comm).Reduce_scatter(sendbuf, recvbuf,
+                                           None if counts is None else list(counts), _mpi_op(op))
+        return recvbuf
+    what = "reduce_scatter" if counts is None else "reduce_scatterv"
+
     def local():
+        algo = _named(algorithm, what)
         opname = resolve_op(op)
-        in_place = sendbuf is MPI.IN_PLACE
-        src, dst = _buffers(sendbuf, recvbuf)
-        resolved = _resolve_comm(comm)
-        nranks, rank = resolved.Get_size(), resolved.Get_rank()
-        offset, length = partition(src.size, nranks, rank)
-        if in_place:
+        src, dst = _pair(sendbuf, recvbuf)
+        nranks, rank = _comm_shape(comm)
+        if counts is None:
+            bounds = chunk_bounds(src.size, nranks)
+        else:
+            blocks = _check_counts(counts, nranks, "counts")
+            if sum(blocks) != src.size:
+                raise ValueError(f"counts add up to {sum(blocks)} but the input has "
+                                 f"{src.size} elements")
+            bounds = _bounds_of(blocks)
+        offset, length = bounds[rank], bounds[rank + 1] - bounds[rank]
+        if sendbuf is MPI.IN_PLACE:
             out = dst[offset:offset + length]
         else:
             if dst.size != length:
@@ -458,72 +584,231 @@ def reduce_scatter(sendbuf, recvbuf, op=MPI.SUM, *, comm=None, timeout=DEFAULT):
                 raise ValueError("sendbuf and recvbuf overlap; use MPI.IN_PLACE")
             out = dst
         kernel = get_kernel(opname, dst.dtype)
-        facts = (("count", src.size), ("dtype", dst.dtype.num), ("op", OPS.index(opname)))
-        return _ReduceScatter(src, out, opname, kernel, facts)
+        facts = (("count", src.size), ("dtype", dst.dtype.num), ("op", OPS.index(opname)),
+                 _algorithm_fact(what, algo))
+        if counts is not None:
+            facts += (_counts_fact(bounds),)
+        return _Checked(what, algo, src.size, dst.dtype, _dtype_code(dst.dtype),
+                        OPS.index(opname), facts, (src, out, kernel, bounds))
 
-    ctx, checked, call = _prepare("reduce_scatter", comm, local, timeout)
-    src, out = checked.src, checked.out
-    if call is None:  # one rank
+    def one_rank(checked):
+        src, out = checked.args[:2]
         if src.size and not np.may_share_memory(src, out):
             out[...] = src
-        return recvbuf
-    try:
-        if src.size:
-            _run(call, reduce_scatter_phase, ctx, src, out, checked.kernel,
-                 chunk_bounds(src.size, ctx.size))
-    finally:
-        _leave(call)
+
+    _call(what, comm, local, timeout, one_rank)
     return recvbuf
 
 
-def allgather(sendbuf, recvbuf, *, comm=None, timeout=DEFAULT):
-    """Ring allgather: every rank receives all ranks' chunks, placed by :func:`partition`.
+# --- allgather ---------------------------------------------------------------------------------
+
+def _allgather(what, sendbuf, recvbuf, counts, displs, comm, algorithm, timeout):
+    """allgather (``counts`` None: :func:`partition`'s blocks) and allgatherv."""
+    def local():
+        algo = _named(algorithm, what)
+        dst = _flat(recvbuf, "recvbuf", writable=True)
+        nranks, rank = _comm_shape(comm)
+        if counts is None:
+            bounds = chunk_bounds(dst.size, nranks)
+            blocks = list(zip(bounds, bounds[1:]))
+            sizes = [hi - lo for lo, hi in blocks]
+        else:
+            sizes = _check_counts(counts, nranks, "counts")
+            starts = _bounds_of(sizes)[:-1] if displs is None else \
+                _check_counts(displs, nranks, "displs")
+            blocks = [(d, d + c) for d, c in zip(starts, sizes)]
+            for q, (lo, hi) in enumerate(blocks):
+                if hi > dst.size:
+                    raise ValueError(f"recvbuf has {dst.size} elements but rank {q}'s block "
+                                     f"is [{lo}, {hi})")
+            placed = sorted(b for b in blocks if b[1] > b[0])
+            if any(a[1] > b[0] for a, b in zip(placed, placed[1:])):
+                raise ValueError(f"the blocks overlap in recvbuf: {blocks}")
+        lo, hi = blocks[rank]
+        src = None
+        if sendbuf is not MPI.IN_PLACE:
+            src = _flat(sendbuf, "sendbuf", writable=False)
+            if src.dtype != dst.dtype:
+                raise TypeError(f"recvbuf dtype {dst.dtype} differs from sendbuf dtype {src.dtype}")
+            if src.size != hi - lo:
+                raise ValueError(
+                    f"sendbuf has {src.size} elements but this rank's chunk of "
+                    f"{sum(sizes)} over {nranks} ranks has {hi - lo}")
+            if np.may_share_memory(src, dst) and not np.shares_memory(src, dst[lo:hi]):
+                raise ValueError("sendbuf overlaps recvbuf outside this rank's block")
+        item = dst.dtype.itemsize
+        facts = (("count", sum(sizes)), ("itemsize", item), _algorithm_fact(what, algo))
+        if counts is not None:
+            facts += (_counts_fact(sizes),)
+        byte_blocks = [(a * item, b * item) for a, b in blocks]
+        return _Checked(what, algo, sum(sizes) * item, np.dtype(np.uint8), item, -1, facts,
+                        (dst.view(np.uint8), byte_blocks), () if src is None else (src, dst[lo:hi]))
+
+    _call(what, comm, local, timeout, lambda checked: None)
+    return recvbuf
+
+
+def allgather(sendbuf, recvbuf, *, comm=None, algorithm: str = "auto", timeout=DEFAULT):
+    """Every rank receives all ranks' blocks, placed by :func:`partition`.
 
     Args:
-        sendbuf: contiguous numpy array with this rank's chunk of M elements
-            (``partition(M, N, rank)[1]`` elements), or ``MPI.IN_PLACE`` when
-            ``recvbuf`` already holds it at its offset.
-        recvbuf: writable contiguous array of M elements (same M on every rank).
+        sendbuf: this rank's block of M elements (``partition(M, N, rank)[1]``
+            elements), any buffer :func:`allreduce` takes and of any dtype
+            (nothing is computed), or ``MPI.IN_PLACE`` when ``recvbuf``
+            already holds it at its offset.
+        recvbuf: writable buffer of M elements (same M on every rank).
         comm, timeout: as for :func:`allreduce`.
+        algorithm: one of ``algorithms("allgather")`` or "auto".
 
     Returns:
         ``recvbuf``.
 
     Raises:
         TypeError, ValueError, CollectiveError: as for :func:`allreduce`;
-        ValueError when ``sendbuf`` does not have this rank's chunk length.
+        ValueError when ``sendbuf`` does not have this rank's block length.
     """
-    def local():
-        dst = _flat(recvbuf, "recvbuf", writable=True)
-        resolved = _resolve_comm(comm)
-        nranks, rank = resolved.Get_size(), resolved.Get_rank()
-        offset, length = partition(dst.size, nranks, rank)
-        src = None
-        if sendbuf is not MPI.IN_PLACE:
-            src = _flat(sendbuf, "sendbuf", writable=False)
-            if src.dtype != dst.dtype:
-                raise TypeError(f"recvbuf dtype {dst.dtype} differs from sendbuf dtype {src.dtype}")
-            if src.size != length:
-                raise ValueError(
-                    f"sendbuf has {src.size} elements but this rank's chunk of "
-                    f"{dst.size} over {nranks} ranks has {length}")
-            if np.may_share_memory(src, dst) and not np.shares_memory(
-                    src, dst[offset:offset + length]):
-                raise ValueError("sendbuf overlaps recvbuf outside this rank's chunk")
-        facts = (("count", dst.size), ("itemsize", dst.dtype.itemsize))
-        return _Allgather(src, dst, offset, facts)
-
-    ctx, checked, call = _prepare("allgather", comm, local, timeout)
-    src, dst, offset = checked.src, checked.dst, checked.offset
-    if src is not None and src.size:
-        mine = dst[offset:offset + src.size]
-        if not (src.__array_interface__["data"][0] == mine.__array_interface__["data"][0]):
-            mine[...] = src
-    if call is None:
+    reason = _buffers.device_reason(sendbuf, recvbuf)
+    if reason is not None:
+        _native("allgather", reason)
+        # A bare recvbuf: mpi4py splits it as partition does (the first ranks one more).
+        _resolve_comm(comm).Allgatherv(sendbuf, recvbuf)
         return recvbuf
+    return _allgather("allgather", sendbuf, recvbuf, None, None, comm, algorithm, timeout)
+
+
+def allgatherv(sendbuf, recvbuf, counts, displs=None, *, comm=None, algorithm: str = "auto",
+               timeout=DEFAULT):
+    """Every rank receives all ranks' blocks of any lengths, at any displacements.
+
+    Args:
+        sendbuf: this rank's block, ``counts[rank]`` elements (any buffer
+            :func:`allreduce` takes, any dtype), or ``MPI.IN_PLACE`` when
+            ``recvbuf`` already holds it at ``displs[rank]``.
+        recvbuf: writable buffer holding every block.
+        counts: N block lengths, the same on every rank.
+        displs: N element offsets of the blocks in ``recvbuf`` (this rank's
+            layout; blocks may not overlap); None: end to end.
+        comm, timeout: as for :func:`allreduce`.
+        algorithm: one of ``algorithms("allgather")`` or "auto".
+
+    Returns:
+        ``recvbuf``; elements outside the blocks are left unchanged.
+
+    Raises:
+        TypeError, ValueError, CollectiveError: as for :func:`allgather`;
+        ValueError for counts or displacements that do not fit ``recvbuf``.
+    """
+    reason = _buffers.device_reason(sendbuf, recvbuf)
+    if reason is not None:
+        _native("allgatherv", reason)
+        layout = (list(counts), None if displs is None else list(displs))
+        _resolve_comm(comm).Allgatherv(sendbuf, [recvbuf, layout])
+        return recvbuf
+    return _allgather("allgatherv", sendbuf, recvbuf, counts, displs, comm, algorithm, timeout)
+
+
+# --- reduce and bcast ----------------------------------------------------------------------------
+
+def _check_root(root, nranks):
     try:
-        if dst.size:
-            _run(call, allgather_phase, ctx, dst, chunk_bounds(dst.size, ctx.size))
-    finally:
-        _leave(call)
+        root = operator.index(root)
+    except TypeError:
+        raise TypeError(f"root must be an integer, got {root!r}") from None
+    if not 0 <= root < nranks:
+        raise ValueError(f"root {root} outside [0, {nranks})")
+    return root
+
+
+def reduce(sendbuf, recvbuf, op=MPI.SUM, *, root=0, comm=None, algorithm: str = "auto",
+           timeout=DEFAULT):
+    """Reduce element-wise over all ranks into ``recvbuf`` on ``root``.
+
+    Args:
+        sendbuf: M elements, any buffer :func:`allreduce` takes, never
+            modified; ``MPI.IN_PLACE`` on the root only (its ``recvbuf``
+            holds its input).
+        recvbuf: on the root a writable buffer of M elements of the same
+            dtype; ignored elsewhere (may be None).
+        op, comm, timeout: as for :func:`allreduce`.
+        root: the rank that receives the result (the same on every rank).
+        algorithm: one of ``algorithms("reduce")`` or "auto".
+
+    Returns:
+        ``recvbuf``.
+
+    Raises:
+        TypeError, ValueError, CollectiveError: as for :func:`allreduce`.
+    """
+    reason = _buffers.device_reason(sendbuf, recvbuf)
+    if reason is not None:
+        _native("reduce", reason)
+        _resolve_comm(comm).Reduce(sendbuf, recvbuf, _mpi_op(op), root)
+        return recvbuf
+
+    def local():
+        algo = _named(algorithm, "reduce")
+        opname = resolve_op(op)
+        nranks, rank = _comm_shape(comm)
+        where = _check_root(root, nranks)
+        if rank == where:
+            src, dst = _pair(sendbuf, recvbuf)
+            if src.size != dst.size:
+                raise ValueError(f"recvbuf has {dst.size} elements but sendbuf has {src.size}")
+            src = _same_or_disjoint(src, dst)
+        else:
+            if sendbuf is MPI.IN_PLACE:
+                raise ValueError(f"MPI.IN_PLACE as sendbuf on rank {rank}, which is not the "
+                                 f"root ({where})")
+            src, dst = _reducible(_flat(sendbuf, "sendbuf", writable=False), "sendbuf"), None
+        kernel = get_kernel(opname, src.dtype)
+        facts = (("count", src.size), ("dtype", src.dtype.num), ("op", OPS.index(opname)),
+                 _algorithm_fact("reduce", algo), ("root", where))
+        return _Checked("reduce", algo, src.size, src.dtype, _dtype_code(src.dtype),
+                        OPS.index(opname), facts, (src, dst, kernel, where))
+
+    def one_rank(checked):
+        src, dst = checked.args[:2]
+        if src is not dst and src.size:
+            dst[...] = src
+
+    _call("reduce", comm, local, timeout, one_rank)
     return recvbuf
+
+
+def bcast(buf, *, root=0, comm=None, algorithm: str = "auto", timeout=DEFAULT):
+    """Copy ``buf`` of ``root`` into ``buf`` of every other rank.
+
+    Args:
+        buf: any buffer :func:`allreduce` takes, of any dtype (bytes are
+            copied); the same size in bytes on every rank; writable except
+            on the root.
+        root: the rank whose buffer is sent (the same on every rank).
+        comm, timeout: as for :func:`allreduce`.
+        algorithm: one of ``algorithms("bcast")`` or "auto".
+
+    Returns:
+        ``buf``.
+
+    Raises:
+        TypeError, ValueError, CollectiveError: as for :func:`allreduce`.
+    """
+    reason = _buffers.device_reason(buf)
+    if reason is not None:
+        _native("bcast", reason)
+        _resolve_comm(comm).Bcast(buf, root)
+        return buf
+
+    def local():
+        algo = _named(algorithm, "bcast")
+        nranks, rank = _comm_shape(comm)
+        where = _check_root(root, nranks)
+        data = _flat(buf, "buf", writable=rank != where).view(np.uint8)
+        facts = (("bytes", data.size), _algorithm_fact("bcast", algo), ("root", where))
+        return _Checked("bcast", algo, data.size, np.dtype(np.uint8), -1, -1, facts,
+                        (data, where))
+
+    _call("bcast", comm, local, timeout, lambda checked: None)
+    return buf
+
+
+broadcast = bcast

@@ -88,7 +88,7 @@ class Comms:
     def reduce_scatter(self, buf, counted=True):
         """Sum ``buf`` over the ranks, in place; returns this rank's chunk of it (a view)."""
         t0 = time.perf_counter()
-        _collectives.reduce_scatter(MPI.IN_PLACE, buf, MPI.SUM, comm=self.comm)
+        _collectives.reduce_scatter(MPI.IN_PLACE, buf, MPI.SUM, comm=self.comm, algorithm="ring")
         self._count("reduce_scatter", buf, t0, counted)
         offset, length = partition(buf.size, self.nranks, self.rank)
         return buf[offset:offset + length]
@@ -96,7 +96,7 @@ class Comms:
     def allgather(self, buf, counted=True):
         """Fill every rank's chunk of ``buf`` from its owner (this rank's is in place)."""
         t0 = time.perf_counter()
-        _collectives.allgather(MPI.IN_PLACE, buf, comm=self.comm)
+        _collectives.allgather(MPI.IN_PLACE, buf, comm=self.comm, algorithm="ring")
         self._count("allgather", buf, t0, counted)
         return buf
 
