@@ -27,7 +27,7 @@ LAYERS = [
     {"_shmem", "_cma"},
     {"algorithms", "algorithms.*"},
     {"_agree", "_fastpath", "_auto", "model", "model.formulas", "model.lecture",
-     "model.params", "model.choice", "model.fit"},
+     "model.params", "model.choice", "model.fit", "model.topology", "model.tuning"},
     {"_collectives"},
     {"comm", "bucketing", "bench", "bench.*", "model.calibrate", "model.__main__", ""},
 ]
