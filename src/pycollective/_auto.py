@@ -53,7 +53,7 @@ from ._shmem import node_comm
 from .model.choice import calibrated_times, ranked
 from .model.params import builtin_params, load_params, params_for
 from .model.topology import Layout
-from .model.tuning import (CANDIDATES, Decision, Tuner, class_bounds, load_decisions,
+from .model.tuning import (Decision, Tuner, candidates, class_bounds, load_decisions,
                            save_decision, size_class)
 
 __all__ = ["AutoState", "Trial", "auto_for", "unusable_reasons", "layout_of", "KEY"]
@@ -311,7 +311,7 @@ class AutoState:
                          f"candidates {list(tuner.alive)}")
         else:
             lines.append(f"no call of {lo}-{hi} B per rank yet: the first calls will try "
-                         f"{[n for n, _ in self.ranking(count, dtype)[:CANDIDATES]]}"
+                         f"{[n for n, _ in candidates(self.ranking(count, dtype))]}"
                          if self.mode == "tune" else "the model decides")
         return lines
 

@@ -41,6 +41,7 @@ def test_rounds_grow_for_short_calls_within_the_stated_bounds():
 def test_tuner_tries_the_model_s_best_few_in_order_and_keeps_the_fastest():
     tuner = Tuner(RANKING, count=1000, rounds=3)
     assert tuner.alive == ["shm", "butterfly", "ring"]  # CANDIDATES = 3, model order
+    # naive's prediction is 3x the best: the model can tell it apart
     times = {"shm": [5, 5, 5], "butterfly": [4, 4.1, 3.9], "ring": [4.5, 4.4, 4.6]}
     order = _run(tuner, times)
     assert order[:3] == ["shm", "butterfly", "ring"]
@@ -123,3 +124,14 @@ def test_a_bad_decisions_file_is_a_clear_error(tmp_path, content):
     path.write_text(content)
     with pytest.raises(ValueError, match="bad.json"):
         tuning.load_decisions(path)
+
+
+def test_a_fourth_candidate_when_the_model_cannot_tell_it_from_the_best():
+    close = [("ring", 1.0), ("rabenseifner", 1.0), ("ring_pipelined", 1.0), ("shm", 1.2),
+             ("tree", 1.2)]
+    assert [n for n, _ in tuning.candidates(close)] == ["ring", "rabenseifner",
+                                                        "ring_pipelined", "shm"]
+    apart = [("ring", 1.0), ("rabenseifner", 1.0), ("ring_pipelined", 1.0), ("shm", 2.0)]
+    assert len(tuning.candidates(apart)) == 3
+    assert tuning.candidates([("ring", 1.0)]) == [("ring", 1.0)]
+    assert tuning.MAX_TRIALS == tuning.MAX_CANDIDATES * tuning.MAX_ROUNDS

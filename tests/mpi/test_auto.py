@@ -19,7 +19,7 @@ from pycollective import _auto, _fastpath, _registry, model
 from pycollective._collectives import DEFAULT
 from pycollective._context import get_context
 from pycollective.model import tuning
-from pycollective.model.tuning import CANDIDATES, MAX_ROUNDS
+from pycollective.model.tuning import MAX_TRIALS
 from _data import exact_reduce, exact_values, shared_tmp as _shared_tmp
 
 
@@ -131,7 +131,7 @@ def _settle(comm, count, dtype="float32", op="sum", check=True):
     expected = exact_reduce([exact_values(q, count, dtype, op) for q in range(n)], op, dtype)
     state = _auto.auto_for(get_context(comm))
     wrong = calls = 0
-    for calls in range(1, CANDIDATES * MAX_ROUNDS + 2):
+    for calls in range(1, MAX_TRIALS + 2):
         out = np.empty_like(x)
         pycollective.allreduce(x, out, op, comm=comm)
         wrong += not np.array_equal(out.view(np.uint8), expected.view(np.uint8))
@@ -161,7 +161,7 @@ def test_tuning_decides_the_same_everywhere_within_its_bound_and_every_call_is_r
     for count, decision, calls, wrong, fast in found:
         assert wrong == 0, (count, decision)
         assert decision.how in ("tuned", "model") and calls == decision.calls
-        assert calls <= CANDIDATES * MAX_ROUNDS
+        assert calls <= MAX_TRIALS
         assert decision.algorithm not in state.exclude
         assert set(decision.times) <= set(decision.predicted)
         assert fast  # decided: the shape now takes the fast path

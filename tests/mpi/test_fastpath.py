@@ -7,7 +7,7 @@ from mpi4py import MPI
 import pycollective
 from pycollective import _fastpath
 from pycollective._collectives import DEFAULT
-from pycollective.model.tuning import CANDIDATES, MAX_ROUNDS
+from pycollective.model.tuning import MAX_TRIALS
 from _data import exact_reduce, exact_values
 
 
@@ -25,7 +25,7 @@ def test_repeated_call_fast_path_keeps_every_check(algorithm):
     out = np.empty_like(x)
     pycollective.allreduce(x, out, "sum", comm=comm, algorithm=algorithm)
     # auto's timed trials are never kept: the shape reaches the fast path once decided
-    for _ in range(CANDIDATES * MAX_ROUNDS):
+    for _ in range(MAX_TRIALS):
         if _fastpath.lookup(x, out, "sum", comm, algorithm, DEFAULT) is not None:
             break
         pycollective.allreduce(x, out, "sum", comm=comm, algorithm=algorithm)

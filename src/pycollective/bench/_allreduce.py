@@ -22,7 +22,7 @@ from .._units import count_arg, size_arg
 from ..model.choice import gamma_of
 from ..model.formulas import predict
 from ..model.params import load_params
-from ..model.tuning import CANDIDATES, MAX_ROUNDS
+from ..model.tuning import MAX_TRIALS
 from ._args import (add_algorithms_argument, add_data_options, check_exact, expand_algorithms,
                     factor_arg, positive_int, seconds_arg)
 from ._cli import build_parser as _build_parser
@@ -345,7 +345,7 @@ def _settle(comm, state, count, dtype, op, inplace):
     comm.Allreduce(send, expected, op=MPI_OPS[op])
     out = np.empty_like(send)
     times, wrong = [], 0
-    for _ in range(CANDIDATES * MAX_ROUNDS + 1):  # the most a class can take, and one more
+    for _ in range(MAX_TRIALS + 1):  # the most a class can take, and one more
         if state.decision(count, dtype, op) is not None:
             break
         if inplace:

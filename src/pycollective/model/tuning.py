@@ -12,7 +12,10 @@ feeds the agreed times here, so every rank reaches the same decision.
 Per (size class, dtype, op) -- a size class is one octave of bytes per
 rank, ``[2^(k-1), 2^k)`` -- a :class:`Tuner`:
 
-* takes the model's :data:`CANDIDATES` best (fewer if fewer can run);
+* takes the model's :data:`CANDIDATES` best (fewer if fewer can run), and
+  one more when the model puts it within :data:`TIE` of its best: the bare
+  model often cannot tell such algorithms apart (on one node several of them
+  move the same bytes);
 * runs rounds; in each round every candidate still in the race serves one
   call, in the model's order; the round's times are agreed in one small MAX
   reduction at its end;
@@ -27,8 +30,8 @@ rank, ``[2^(k-1), 2^k)`` -- a :class:`Tuner`:
   built the algorithm's state (windows, sub-communicators) and any one call
   that another process slowed down.
 
-So a class costs at most ``CANDIDATES * MAX_ROUNDS`` = 21 trial calls (9 for
-calls longer than 1 ms), every one of them a useful allreduce; what tuning
+So a class costs at most ``MAX_CANDIDATES * MAX_ROUNDS`` = 28 trial calls (12
+for calls longer than 1 ms), every one of them a useful allreduce; what tuning
 costs is only the time the slower candidates took beyond the winner's, which
 :class:`Decision` reports (``cost``).  Calls of another count of the same
 class, made while a class is being tuned, run the model's first choice and
@@ -44,15 +47,31 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from .params import read_text, write_json
 
-__all__ = ["CANDIDATES", "MIN_ROUNDS", "MAX_ROUNDS", "SHORT_CALL", "PRUNE", "size_class",
+__all__ = ["CANDIDATES", "MAX_CANDIDATES", "TIE", "MIN_ROUNDS", "MAX_ROUNDS", "SHORT_CALL",
+           "PRUNE", "MAX_TRIALS", "candidates", "size_class",
            "class_bounds", "rounds_for", "Tuner", "Decision", "load_decisions",
            "save_decision", "decision_key"]
 
 CANDIDATES = 3
+MAX_CANDIDATES = 4
+TIE = 1.25
 MIN_ROUNDS = 3
 MAX_ROUNDS = 7
 SHORT_CALL = 1e-3
 PRUNE = 1.5
+MAX_TRIALS = MAX_CANDIDATES * MAX_ROUNDS  # trial calls of one class, at most
+
+
+def candidates(ranking: Sequence[Tuple[str, float]], count: int = CANDIDATES,
+               most: int = MAX_CANDIDATES, tie: float = TIE) -> List[Tuple[str, float]]:
+    """The model's ``count`` best, and more up to ``most`` predicted within ``tie`` of the best."""
+    ranking = list(ranking)
+    if not ranking:
+        return []
+    best = ranking[0][1]
+    chosen = ranking[:max(1, count)]
+    chosen += [(n, t) for n, t in ranking[len(chosen):most] if t <= tie * best]
+    return chosen
 
 
 def size_class(nbytes: int) -> int:
@@ -126,15 +145,14 @@ class Tuner:
     Args:
         ranking: ``[(name, predicted seconds)]`` fastest first (the model's).
         count: the element count the trials run at.
-        candidates: how many of the ranking to try.
         rounds: rounds of trials (default :func:`rounds_for` the best prediction).
     """
 
     def __init__(self, ranking: Sequence[Tuple[str, float]], count: int,
-                 candidates: int = CANDIDATES, rounds: Optional[int] = None):
-        if not ranking:
+                 rounds: Optional[int] = None):
+        chosen = candidates(ranking)
+        if not chosen:
             raise ValueError("nothing to tune: no candidate")
-        chosen = list(ranking)[:max(1, candidates)]
         self.count = int(count)
         self.predicted = dict(chosen)
         self.alive: List[str] = [name for name, _ in chosen]
