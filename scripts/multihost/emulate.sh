@@ -26,6 +26,9 @@
 #                       each host's veth, or the delay line's rate with --delay
 #   --delay TIME        one-way delay added per packet (25us, 1ms): hosts are then wired
 #                       through TUN devices and delayline.c (this kernel has no netem)
+#   --no-pin            let every host use all CPUs (default: host k's processes are bound
+#                       to its own share of this machine's CPUs, as separate machines
+#                       would be, so that a host's ranks per core are what they seem)
 #   --check             say whether the netns mode works here; exit 0 if so, else 3
 #   --cleanup           remove namespaces and processes of runs that were killed (SIGKILL)
 #   -h, --help          this text
@@ -134,11 +137,12 @@ cleanup_stale() {
 
 # --- options -----------------------------------------------------------------------------------
 
-LAYOUT=2x2 CYCLIC=0 MODE=netns NETMOD=ofi RATE="" DELAY=""
+LAYOUT=2x2 CYCLIC=0 MODE=netns NETMOD=ofi RATE="" DELAY="" PIN=1
 while [ $# -gt 0 ]; do
     case "$1" in
         -H|--hosts) LAYOUT=${2:-}; shift 2 || { usage >&2; exit 2; };;
         --cyclic) CYCLIC=1; shift;;
+        --no-pin) PIN=0; shift;;
         --mode) MODE=${2:-}; shift 2 || { usage >&2; exit 2; };;
         --netmod) NETMOD=${2:-}; shift 2 || { usage >&2; exit 2; };;
         --rate) RATE=${2:-}; shift 2 || { usage >&2; exit 2; };;
@@ -277,6 +281,21 @@ else
     DELAYLINE_PID=$!
     read -r -t 10 line < "$WORK/ready" && [ "$line" = ready ] || fail "the delay line did not start"
 fi
+# host k's share of the CPUs this script may use (one each, round robin, if fewer than hosts)
+read -r -a CPUS <<< "$(taskset -pc $$ 2>/dev/null | sed 's/.*: //' | tr ',' ' ' \
+    | xargs -n1 | awk -F- '{ if (NF == 2) for (i = $1; i <= $2; i++) print i; else print $1 }' \
+    | xargs)"
+[ ${#CPUS[@]} -gt 0 ] || PIN=0
+cpus_of() {
+    local k=$1 c=${#CPUS[@]} first last list="" i
+    if [ "$c" -lt "$K" ]; then
+        echo "${CPUS[$((k % c))]}"
+        return
+    fi
+    first=$((k * c / K)) last=$(((k + 1) * c / K - 1))
+    for i in $(seq "$first" "$last"); do list+="${list:+,}${CPUS[$i]}"; done
+    echo "$list"
+}
 HOSTLIST=()
 for k in $(seq 0 $((K - 1))); do
     ns=${HOSTS[$k]} addr="$NET.$((k + 1))"
@@ -285,7 +304,8 @@ for k in $(seq 0 $((K - 1))); do
         || fail "address $addr in $ns"
     # fewer, larger packets through the user-space delay line
     [ "$IFACE" = tun0 ] && ip -n "$ns" link set tun0 mtu 65000
-    echo "$addr) ns=$ns host=node$k;;" >> "$WORK/hosts.case"
+    if [ $PIN = 1 ]; then pin="taskset -c $(cpus_of "$k")"; else pin=""; fi
+    echo "$addr) ns=$ns host=node$k pin=\"$pin\";;" >> "$WORK/hosts.case"
     HOSTLIST+=("$addr:${SIZES[$k]}")
 done
 
@@ -299,7 +319,7 @@ done
     cat "$WORK/hosts.case"
     echo "*) echo \"$NAME ssh stand-in: unknown host \$addr\" >&2; exit 255;;"
     echo 'esac'
-    echo 'exec ip netns exec "$ns" unshare --uts --mount --propagation private /bin/sh -c \'
+    echo 'exec ip netns exec "$ns" $pin unshare --uts --mount --propagation private /bin/sh -c \'
     echo '    "mount -t tmpfs -o mode=1777 tmpfs /dev/shm && hostname $host && exec $*"'
 } > "$WORK/ssh"
 chmod +x "$WORK/ssh"
@@ -321,10 +341,17 @@ if [ $CYCLIC = 1 ]; then
 else
     HOSTSPEC=$(IFS=,; echo "${HOSTLIST[*]}")
 fi
-say "$K hosts ${SIZES[*]} ranks (${LAYOUT}$([ $CYCLIC = 1 ] && echo ", cyclic")), $IFACE link${RATE:+, rate $RATE}${DELAY:+, delay $DELAY}, netmod $NETMOD"
+pinned=""
+[ $PIN = 1 ] && pinned=", CPUs $(for k in $(seq 0 $((K - 1))); do printf '%s ' "node$k:$(cpus_of "$k")"; done)"
+say "$K hosts ${SIZES[*]} ranks (${LAYOUT}$([ $CYCLIC = 1 ] && echo ", cyclic")), $IFACE link${RATE:+, rate $RATE}${DELAY:+, delay $DELAY}, netmod $NETMOD${pinned% }"
 
-# mpiexec runs on host 0, in the background so that signals reach the traps at once.
-ip netns exec "${HOSTS[0]}" unshare --uts /bin/sh -c 'hostname node0; exec "$@"' sh \
+# mpiexec runs on host 0, as host 0 (Hydra starts host 0's ranks itself, without the
+# stand-in: the address is its own), in the background so that signals reach the traps
+# at once.
+pin0=()
+[ $PIN = 1 ] && pin0=(taskset -c "$(cpus_of 0)")
+ip netns exec "${HOSTS[0]}" "${pin0[@]}" unshare --uts --mount --propagation private \
+    /bin/sh -c 'mount -t tmpfs -o mode=1777 tmpfs /dev/shm && hostname node0 && exec "$@"' sh \
     timeout --signal=TERM --kill-after=5 "$LIMIT" \
     "$MPIEXEC" -launcher ssh -launcher-exec "$WORK/ssh" -iface "$IFACE" -hosts "$HOSTSPEC" \
     -n "$N" "$PY" -m mpi4py "$@" &
