@@ -230,11 +230,12 @@ class AutoState:
             if self.mode == "model":
                 return _registry.get(self._decide(key, dtype, Decision(
                     ranking[0][0], "model", count, {}, dict(ranking[:1]))).algorithm)
-            if len(self.tuners) >= self._LIMIT:
-                self.tuners.clear()
-            tuner = self.tuners[key] = Tuner(ranking, count)
+            tuner = Tuner(ranking, count)
             if tuner.decision is not None:  # one candidate: nothing to time
                 return _registry.get(self._decide(key, dtype, tuner.decision).algorithm)
+            if len(self.tuners) >= self._LIMIT:
+                self.tuners.clear()
+            self.tuners[key] = tuner
         if count != tuner.count:
             # Another count of the class: the model's first, untimed (only equal
             # calls are compared), and not kept either: the class is undecided.

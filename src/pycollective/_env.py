@@ -114,9 +114,9 @@ MODEL = _setting(
 AUTO = _setting(
     "PYCOLLECTIVE_AUTO", parse_auto, "tune",
     "how algorithm='auto' decides: tune (the first calls of each size class time the "
-    "model's 3 best and keep the fastest), model (the model's choice, nothing timed), or a "
-    "file: tune, keep the decisions in that JSON file and follow those it holds; rank 0's "
-    "value counts")
+    "model's best 3 or 4 and keep the fastest), model (the model's choice, nothing timed), "
+    "or a file: tune, keep the decisions in that JSON file and follow those it holds; "
+    "rank 0's value counts")
 SEGMENT_BYTES = _setting(
     "PYCOLLECTIVE_SEGMENT_BYTES", parse_positive_int, 1 << 20,
     "segment size of ring_pipelined in bytes (default 1 MiB); must match on all ranks")
