@@ -52,6 +52,9 @@ def _env(**extra):
 
 
 def _namespaces(pid):
+    """The namespaces left by the emulate.sh run of process ``pid``."""
+    if shutil.which("ip") is None:
+        return []
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     return [line.split()[0] for line in out.splitlines() if line.startswith(f"mh{pid}-")]
 
