@@ -55,15 +55,20 @@ def _per_call(comm, body, steps, reps):
 CALIBRATED_DTYPES = ("float32", "float64", "float16", "int32", "int64")
 
 
-def measure_algorithms(comm, counts, *, dtype="float32", reps=5, names=None, budget=5e-3):
+def measure_algorithms(comm, counts, *, dtype="float32", reps=5, names=None, budget=0.25,
+                       most=40):
     """Time ``pycollective.allreduce`` with every algorithm at every count (collective).
 
-    Algorithms take turns within each repetition, so a burst of load from
-    another process hits all of them rather than one.  A sample is the
-    slowest rank's mean over enough back-to-back calls to last ``budget``
-    seconds; the result is the lower quartile of ``reps`` samples.  ``overhead``
-    is the time of a call with count 0: the argument checks and the
-    agreement step that every call pays, whatever the algorithm.
+    Each sample is one call after a ``Barrier``, the slowest rank's time, as
+    the bench times a call (and as a call between two steps of a training
+    loop runs: back-to-back calls would overlap the ranks' skew and look
+    faster); the result is the median of the samples, again as the bench
+    reports it.  Algorithms take turns within each repetition, so a burst of
+    load from another process hits all of them rather than one.  There are
+    ``reps`` repetitions, more (up to ``most``) where all calls of a
+    repetition together take less than ``budget`` seconds.  ``overhead`` is
+    the time of a call with count 0: the argument checks and the agreement
+    step that every call pays, whatever the algorithm.
 
     Returns:
         ``{"overhead": seconds, "times": {name: [[count, seconds], ...]}}``.
@@ -81,14 +86,16 @@ def measure_algorithms(comm, counts, *, dtype="float32", reps=5, names=None, bud
                  for name in names}
         if overhead is None:  # take turns with the first count's calls
             calls[""] = lambda: allreduce(empty, empty_out, comm=comm, algorithm=names[0])
-        inner = {name: _timing.calls_for_budget(comm, fn, budget) for name, fn in calls.items()}
-        samples = _timing.rounds(comm, calls, reps, inner)
+        # one warm-up call of each, whose time sizes the repetitions
+        one = _timing.slowest(comm, [_timing.timed_call(comm, fn) for fn in calls.values()])
+        count_reps = max(reps, min(most, int(budget / max(float(one.sum()), 1e-9))))
+        samples = _timing.rounds(comm, calls, count_reps)
         if overhead is None:
             # Every call pays it, so it cannot exceed the fastest first-count call.
-            overhead = min(_timing.lower_quartile(samples.pop("")),
-                           min(_timing.lower_quartile(v) for v in samples.values()))
+            overhead = min(float(np.median(samples.pop(""))),
+                           min(float(np.median(v)) for v in samples.values()))
         for name in names:
-            times[name].append([int(count), _timing.lower_quartile(samples[name])])
+            times[name].append([int(count), float(np.median(samples[name]))])
     return {"overhead": overhead or 0.0, "times": times}
 
 
@@ -133,8 +140,10 @@ def calibrate(comm=None, *, min_bytes=4, max_bytes=1 << 26, factor=4, reps=7,
     largest size (out of cache).  Both are also kept per size, as curves.
     Then every registered algorithm is timed at ``counts`` float32 elements
     (:func:`measure_algorithms`) and compared with the model
-    (:func:`fit_corrections`).  Times are the slowest rank's, lower quartiles
-    of ``reps`` repetitions (other processes only ever add time).
+    (:func:`fit_corrections`).  Times are the slowest rank's: for the
+    exchanges and kernels, lower quartiles of ``reps`` repetitions (other
+    processes only ever add time); for the algorithms, the median of single
+    calls after a barrier, as the bench measures them.
 
     Args:
         comm: an mpi4py intracommunicator with at least 2 ranks; None means
