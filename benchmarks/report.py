@@ -113,12 +113,12 @@ def _error_matrix(rows, names):
     return "\n".join(lines)
 
 
-def _calibration(cal, directory):
-    if not cal:
+def _calibration(cal, directory, brief=False):
+    if not cal or not cal.get("source"):
         return "none (the model was not available)"
     if str(cal.get("source", "")).startswith("defaults"):
-        return "none: the built-in defaults, scaled for this machine"
-    keys = ("alpha", "beta", "gamma")
+        return "no calibration file: the built-in defaults, scaled for this machine"
+    keys = () if brief else ("alpha", "beta", "gamma")
     vals = ", ".join(f"{k} = {cal[k]:.3g}" for k in keys if k in cal)
     source = str(cal.get("source"))
     # The results directory by name, not by path: the sweep may have run in
@@ -127,7 +127,7 @@ def _calibration(cal, directory):
     if (os.path.basename(os.path.dirname(source)) == here
             and os.path.isfile(os.path.join(directory, os.path.basename(source)))):
         source = os.path.basename(source) + " (in this directory)"
-    return f"{vals}; from {source}"
+    return f"{vals}; from {source}" if vals else source
 
 
 def build(directory):
@@ -172,7 +172,7 @@ def build(directory):
     total_hits = total_points = 0
     wrong = bad = 0
     summary = ["| N | where | points | auto within 10 % of fastest | score | tuning: calls, "
-               "cost | calibration |", "|---|---|---|---|---|---|---|"]
+               "cost | auto's parameters | predictions from |", "|---|---|---|---|---|---|---|---|"]
     model_rows = ["| N | algorithm | points | within ±25 % | median error |",
                   "|---|---|---|---|---|"]
     model_hits = model_points = 0
@@ -194,8 +194,10 @@ def build(directory):
             cost = sum(r["tune_cost"] for r in tuned)
             tuning = (f"{sum(r['tune_calls'] for r in tuned)} calls, {_us(cost)} µs "
                       f"(= {cost / steady:.0f} steady calls)" if steady else "-")
+        auto_params = run.get("auto_calibration") or (run.get("calibration") or {}).get("source")
         summary.append(f"| {n} | {run.get('layout') or 'one node'} | {score['scored']} | "
                        f"{score['hits']} | {pct} | {tuning} | "
+                       f"{_calibration({'source': auto_params}, directory, brief=True)} | "
                        f"{_calibration(run.get('calibration'), directory)} |")
         for name, errors in _model_errors(rows).items():
             model_hits += _within(errors)

@@ -2,13 +2,14 @@
 # The standard sweep on emulated hosts: 2 hosts x 2 ranks and 2 hosts x 4 ranks, once per
 # link setting, through scripts/multihost/emulate.sh (network namespaces: root).
 #
-#   benchmarks/run_multihost.sh                  # no calibration file: auto tunes itself
-#   CALIBRATE=1 benchmarks/run_multihost.sh      # calibrate on every layout first: model error
+#   benchmarks/run_multihost.sh          # auto without a calibration file; the calibrated
+#                                        # model's error beside it
+#   CALIBRATE=0 benchmarks/run_multihost.sh      # no calibration at all
 #   LINKS="--rate=1gbit" benchmarks/run_multihost.sh   # one link setting
 #
 # Each link setting gets its own results directory,
 # benchmarks/results/<UTC stamp>-hosts-<link>/, with what benchmarks/run_sweep.sh writes
-# there (report.md, commands.txt, the text tables, the plots, model.json with CALIBRATE=1).
+# there (report.md, commands.txt, the text tables, the plots, model.json).
 #
 # Environment: LINKS (space-separated emulate.sh link options, "=" for the space inside
 # one: default "--rate=1gbit --rate=10gbit --delay=25us"), HOSTS ("2x2 2x4"), MAXCOUNT

@@ -3,22 +3,27 @@
 # out of place and in place, float32 sum, at N = 2, 4, 8 ranks over M = 1 ..
 # MAXCOUNT elements per rank; then a Markdown report with plots.
 #
-#   benchmarks/run_sweep.sh                 # a fresh machine: no calibration file (M up to 1e7)
-#   CALIBRATE=1 benchmarks/run_sweep.sh     # calibrate first; the report gives the model's error
+#   benchmarks/run_sweep.sh                 # auto without a calibration file, the calibrated
+#                                           # model's error beside it (M up to 1e7)
+#   CALIBRATE=0 benchmarks/run_sweep.sh     # no calibration at all
 #   NS="2 4" MAXCOUNT=1e5 benchmarks/run_sweep.sh   # a quick one
 #   HOSTS="2x2 2x4" LINK="--rate 1gbit" benchmarks/run_sweep.sh   # emulated hosts (root)
 #
 # Writes benchmarks/results/<UTC stamp>/: model.json (the calibration used,
-# with CALIBRATE=1), sweep_N<n>.{json,txt,png}, commands.txt and report.md.
+# for the predictions), sweep_N<n>.{json,txt,png}, commands.txt and report.md.
 # A run cited in the docs keeps report.md, commands.txt, model.json, the plots
 # and the text tables; the JSON (every repetition) is regenerated, not
 # committed (benchmarks/results/.gitignore).
 #
-# Without CALIBRATE=1 the run has no calibration file at all, whatever the
-# user's cache holds (PYCOLLECTIVE_MODEL points at a file that does not
-# exist): the model's built-in defaults rank the candidates and auto tunes
-# itself, as on a fresh clone.  Its tuning calls and their cost are reported
-# apart from the timed repetitions.
+# Auto never has a calibration file here, whatever the user's cache holds
+# (PYCOLLECTIVE_MODEL points at a file that does not exist): the model's
+# built-in defaults rank its candidates and it tunes itself, as on a fresh
+# clone; its tuning calls and their cost are reported apart from the timed
+# repetitions.  With CALIBRATE=1 (the default) the model is calibrated first
+# on the same layouts, and the bench predicts with that calibration
+# (--predict-with, which auto does not see): the report's model error is the
+# calibrated model's.  CALIBRATE=0 skips it (the predictions are then the
+# built-in defaults').
 #
 # HOSTS runs every layout through scripts/multihost/emulate.sh instead of on
 # one host (KxR or sizes like 3,2, see its --help), with LINK as its link
@@ -34,9 +39,9 @@
 # Environment: NS (default "2 4 8"), HOSTS, LINK, MAXCOUNT (1e7), FACTOR
 # (3.16227766: half-decade steps, 15 sizes from 1 to 1e7), ITERS (30: at most
 # this many timed repetitions), WARMUP (2), BUDGET (6 s of timed repetitions
-# per size, all algorithms together, at least 3 repetitions), CALIBRATE (0; 1:
+# per size, all algorithms together, at least 3 repetitions), CALIBRATE (1:
 # calibrate the model first at every N, or on every emulated layout, into the
-# results directory), ALGOS ("all auto"), OUT (the results directory), PYTHON
+# results directory, for the predictions; 0: none), ALGOS ("all auto"), OUT (the results directory), PYTHON
 # (default: python3 on PATH), PYCOLLECTIVE_TIMEOUT (per launch, 3600 s).  The
 # bench's progress bar shows when this script's stderr is a terminal.
 set -u
@@ -48,7 +53,7 @@ FACTOR=${FACTOR:-3.16227766}
 ITERS=${ITERS:-30}
 WARMUP=${WARMUP:-2}
 BUDGET=${BUDGET:-6}
-CALIBRATE=${CALIBRATE:-0}
+CALIBRATE=${CALIBRATE:-1}
 HOSTS=${HOSTS:-}
 LINK=${LINK:-}
 ALGOS=${ALGOS:-"all auto"}
@@ -103,13 +108,13 @@ if [ "$CALIBRATE" = 1 ]; then
         shown "$layout" "${args[@]}" | sed "s|$root/||g" >> "$out/commands.txt"
         launch "$layout" "${args[@]}" || { echo "calibration on $layout failed" >&2; status=1; }
     done
-    [ -f "$out/model.json" ] && params_opt=(--params "$out/model.json")
-else
-    # no calibration file, whatever the user's cache holds: a fresh machine
-    export PYCOLLECTIVE_MODEL="$out/no-calibration.json"
-    echo "PYCOLLECTIVE_MODEL=$out/no-calibration.json  (no such file: the built-in defaults)" \
-        | sed "s|$root/||g" >> "$out/commands.txt"
+    # the calibration predicts; auto does not see it
+    [ -f "$out/model.json" ] && params_opt=(--predict-with "$out/model.json")
 fi
+# No calibration file for auto, whatever the user's cache holds: a fresh machine.
+export PYCOLLECTIVE_MODEL="$out/no-calibration.json"
+echo "PYCOLLECTIVE_MODEL=$out/no-calibration.json  (no such file: auto's parameters are the built-in defaults)" \
+    | sed "s|$root/||g" >> "$out/commands.txt"
 
 for layout in $layouts; do
     n=$(ranks "$layout")

@@ -50,7 +50,7 @@ from ._context import Context, Key
 from ._ops import OPS
 from ._root import bcast_from_root
 from ._shmem import node_comm
-from .model.choice import calibrated_times, ranked
+from .model.choice import ranked
 from .model.params import builtin_params, load_params, params_for
 from .model.topology import Layout
 from .model.tuning import (Decision, Tuner, candidates, class_bounds, load_decisions,
@@ -191,11 +191,6 @@ class AutoState:
     def ranking(self, count: int, dtype: np.dtype):
         """``[(name, predicted seconds)]`` of the algorithms that can run here, fastest first."""
         return ranked(self.size, count, dtype, self.flat, self.exclude)
-
-    def predictions(self, count: int, dtype: np.dtype) -> Dict[str, float]:
-        """``{name: predicted seconds}`` of the algorithms that can run here."""
-        times = calibrated_times(self.size, count, dtype, self.flat)
-        return {n: t for n, t in times.items() if n not in self.exclude}
 
     # -- decisions --
 

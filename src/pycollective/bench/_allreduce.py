@@ -19,9 +19,9 @@ from .._ops import MPI_OPS
 from .._root import bcast_from_root
 from .._timing import slowest, timed_call
 from .._units import count_arg, size_arg
-from ..model.choice import gamma_of
+from ..model.choice import calibrated_times, gamma_of
 from ..model.formulas import predict
-from ..model.params import load_params
+from ..model.params import load_params, params_for
 from ..model.tuning import MAX_TRIALS
 from ._args import (add_algorithms_argument, add_data_options, check_exact, expand_algorithms,
                     factor_arg, positive_int, seconds_arg)
@@ -159,6 +159,10 @@ def _options(p):
                        help="calibration file for the predictions and for algorithm='auto' "
                             "(installed on the communicator for the run, read by rank 0; "
                             "default: the one algorithm='auto' uses)")
+    model.add_argument("--predict-with", default=None, metavar="FILE",
+                       help="predict (model(us), pred(us), err%%) with this calibration, "
+                            "leaving algorithm='auto' on its own parameters: a fresh "
+                            "machine's auto and a calibrated model's error in one run")
     model.add_argument("--explain", action="store_true",
                        help="print every algorithm's predicted time, the layout and auto's "
                             "decision (with the times of its trials)")
@@ -224,6 +228,8 @@ def _files(args):
     checks = []
     if args.params is not None:
         checks.append(("--params", lambda: _params_problem(args.params)))
+    if args.predict_with is not None:
+        checks.append(("--predict-with", lambda: _params_problem(args.predict_with)))
     if args.plot is not None:
         checks.append(("--plot", lambda: _plot_problem(args.plot)))
     return checks
@@ -280,9 +286,10 @@ class _Beliefs:
     rank: nothing to predict (allreduce sends no message).
     """
 
-    def __init__(self, state, nranks):
+    def __init__(self, state, nranks, predict=None):
         self.state, self.nranks = state, nranks
-        self.flat = state.flat
+        # predictions from ``predict`` (parameters), if given, on auto's layout
+        self.flat = state.flat if predict is None else params_for(predict, nranks, state.layout)
 
     def pick(self, count, dtype, op):
         """Auto's decision for this shape, else the model's first choice."""
@@ -292,7 +299,8 @@ class _Beliefs:
         """``{algorithm: seconds}`` that the model predicts (auto's exclusions left out)."""
         if self.nranks < 2:
             return {}
-        return self.state.predictions(count, np.dtype(dtype))
+        times = calibrated_times(self.nranks, count, np.dtype(dtype), self.flat)
+        return {n: t for n, t in times.items() if n not in self.state.exclude}
 
     def bare(self, name, count, dtype):
         """The bare alpha-beta-gamma cost with this N's scalar parameters."""
@@ -408,7 +416,11 @@ def run(args, session):
     dtype = np.dtype(args.dtype)
     names, reasons = usable(args.algorithms, session)
     state, previous = _install_beliefs(args, comm)
-    beliefs = _Beliefs(state, nranks)
+    predict = None
+    if args.predict_with is not None:
+        predict = bcast_from_root(comm, lambda: load_params(args.predict_with),
+                                  what="--predict-with")
+    beliefs = _Beliefs(state, nranks, predict)
     cases = [algorithm_case(n) for n in names]
     previous_check = _api.set_check(not args.no_agree)
     rows = []
@@ -449,7 +461,8 @@ def run(args, session):
 
     score = auto_score(rows, [n for n in names if n != "auto"])
     score["choice"] = "auto's decision" if "auto" in names else "the model's first choice"
-    session.report.update(calibration=state.flat, auto_score=score,
+    session.report.update(calibration=beliefs.flat, auto_score=score,
+                          auto_calibration=state.flat.get("source"),
                           layout=state.layout.describe() if nranks > 1 else None)
     ours = [r for r in rows if r["name"] != "native"]
     if args.sweep:
