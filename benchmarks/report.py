@@ -5,11 +5,15 @@
 Reads every ``sweep_N*.json`` written by ``python -m pycollective.bench
 --json`` in the directory (and ``commands.txt`` and the outputs of
 single-size runs, ``single_*.txt``, if present), and writes ``report.md``
-beside them: the machine and software, the calibration, the auto score (per
-N and overall), and for each N a matrix of median times (out of place and in
-place) with the measured fastest algorithm in bold and the model's choice
-marked, followed by the plot that ``--plot`` drew.  The numbers are the
-JSON's, unrounded in the JSON; the report rounds them for reading.
+beside them: the machine and software, where the ranks ran, the
+calibration (or that there was none), the auto score (per N and overall)
+with what auto's tuning cost, the model's error (predicted against measured
+time, per algorithm: the share of points within ±25 %), and for each N a
+matrix of median times (out of place and in place) with the measured
+fastest algorithm in bold and auto's choice marked, a matrix of the model's
+error per algorithm and size, and the plot that ``--plot`` drew.  The
+numbers are the JSON's, unrounded in the JSON; the report rounds them for
+reading.
 
 The report stands on its own: it needs only the plots beside it, so the
 JSON (every repetition of every measurement, hundreds of kB per N) can be
@@ -41,7 +45,7 @@ def _matrix(rows, names, inplace):
     by = {(r["name"], r["count"]): r for r in sel}
     algos = [n for n in names if n not in ("native", "auto")]
     cols = ["native"] + algos + (["auto"] if any(r["name"] == "auto" for r in sel) else [])
-    head = "| M (elements) | bytes | " + " | ".join(cols) + " | fastest | model's choice |"
+    head = "| M (elements) | bytes | " + " | ".join(cols) + " | fastest | auto's choice |"
     lines = [head, "|" + "---|" * (len(cols) + 4)]
     for c in counts:
         times = {n: by[(n, c)]["time"] for n in algos if (n, c) in by}
@@ -66,10 +70,55 @@ def _matrix(rows, names, inplace):
     return "\n".join(lines)
 
 
-def _calibration(cal, directory):
-    if not cal:
+MODEL_WITHIN = 0.25  # a prediction "holds" within ±25 % of the measured time
+
+
+def _err(r):
+    """Relative error of the prediction of row ``r`` (None without one)."""
+    pred, t = r.get("pred"), r.get("time")
+    if not pred or not t or t <= 0:
+        return None
+    return pred / t - 1
+
+
+def _model_errors(rows):
+    """``{algorithm: [relative errors]}`` of the named algorithms (not native, not auto)."""
+    out = {}
+    for r in rows:
+        e = _err(r)
+        if e is not None and r["name"] not in ("native", "auto"):
+            out.setdefault(r["name"], []).append(e)
+    return out
+
+
+def _within(errors):
+    return sum(abs(e) <= MODEL_WITHIN for e in errors)
+
+
+def _error_matrix(rows, names):
+    """err% per algorithm (columns) and size (rows), out of place."""
+    sel = [r for r in rows if not r["inplace"] and r["name"] not in ("native", "auto")]
+    if not any(_err(r) is not None for r in sel):
+        return ""
+    algos = [n for n in names if n not in ("native", "auto")]
+    by = {(r["name"], r["count"]): r for r in sel}
+    lines = ["| M (elements) | " + " | ".join(algos) + " |", "|" + "---|" * (len(algos) + 1)]
+    for c in sorted({r["count"] for r in sel}):
+        cells = []
+        for n in algos:
+            e = _err(by[(n, c)]) if (n, c) in by else None
+            cells.append("-" if e is None else (f"{100 * e:+.0f}" if abs(e) <= MODEL_WITHIN
+                                                else f"**{100 * e:+.0f}**"))
+        lines.append(f"| {c} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _calibration(cal, directory, brief=False):
+    if not cal or not cal.get("source"):
         return "none (the model was not available)"
-    keys = ("alpha", "beta", "gamma")
+    if str(cal.get("source", "")).startswith("defaults"):
+        return "no calibration file: the built-in defaults, scaled for this machine"
+    keys = () if brief else ("alpha", "beta", "gamma")
     vals = ", ".join(f"{k} = {cal[k]:.3g}" for k in keys if k in cal)
     source = str(cal.get("source"))
     # The results directory by name, not by path: the sweep may have run in
@@ -78,7 +127,7 @@ def _calibration(cal, directory):
     if (os.path.basename(os.path.dirname(source)) == here
             and os.path.isfile(os.path.join(directory, os.path.basename(source)))):
         source = os.path.basename(source) + " (in this directory)"
-    return f"{vals}; from {source}"
+    return f"{vals}; from {source}" if vals else source
 
 
 def build(directory):
@@ -122,7 +171,11 @@ def build(directory):
     ]
     total_hits = total_points = 0
     wrong = bad = 0
-    summary = ["| N | points | auto within 10 % of fastest | score | calibration |", "|---|---|---|---|---|"]
+    summary = ["| N | where | points | auto within 10 % of fastest | score | tuning: calls, "
+               "cost | auto's parameters | predictions from |", "|---|---|---|---|---|---|---|---|"]
+    model_rows = ["| N | algorithm | points | within ±25 % | median error |",
+                  "|---|---|---|---|---|"]
+    model_hits = model_points = 0
     sections = []
     skipped = []
     for run in runs:
@@ -134,33 +187,64 @@ def build(directory):
         wrong += sum(r["wrong"] for r in rows)
         bad += sum(1 for r in rows if not (r["identical"] and r["input_intact"]))
         pct = f"{100 * score['score']:.0f} %" if score["score"] is not None else "n/a"
-        summary.append(f"| {n} | {score['scored']} | {score['hits']} | {pct} | "
+        tuned = [r for r in rows if r["name"] == "auto" and "tune_calls" in r]
+        steady = sum(r["time"] for r in tuned)
+        tuning = "-"
+        if tuned:
+            cost = sum(r["tune_cost"] for r in tuned)
+            tuning = (f"{sum(r['tune_calls'] for r in tuned)} calls, {_us(cost)} µs "
+                      f"(= {cost / steady:.0f} steady calls)" if steady else "-")
+        auto_params = run.get("auto_calibration") or (run.get("calibration") or {}).get("source")
+        summary.append(f"| {n} | {run.get('layout') or 'one node'} | {score['scored']} | "
+                       f"{score['hits']} | {pct} | {tuning} | "
+                       f"{_calibration({'source': auto_params}, directory, brief=True)} | "
                        f"{_calibration(run.get('calibration'), directory)} |")
+        for name, errors in _model_errors(rows).items():
+            model_hits += _within(errors)
+            model_points += len(errors)
+            median = sorted(errors)[len(errors) // 2]
+            model_rows.append(f"| {n} | {name} | {len(errors)} | {_within(errors)} "
+                              f"({100 * _within(errors) / len(errors):.0f} %) | "
+                              f"{100 * median:+.0f} % |")
         skipped.extend(f"N = {n}: {name} ({why})" for name, why in
                        (run.get("skipped") or {}).items())
         names = []
         for r in rows:
             if r["name"] not in names:
                 names.append(r["name"])
-        sec = [f"## N = {n}", ""]
+        sec = [f"## N = {n}" + (f" ({run['layout']})" if run.get("layout") else ""), ""]
         for inplace, label in ((False, "out of place"), (True, "in place")):
             m = _matrix(rows, names, inplace)
             if m:
                 sec += [f"Median time per call (µs), {label}, {rows[0]['dtype']} {rows[0]['op']}. "
-                        "**bold**: measured fastest of the pycollective algorithms; †: the model's "
-                        "choice (what `algorithm=\"auto\"` runs; the `auto` column times it "
-                        "as called); ✓: choice within 10 % of the fastest; ✗: a failed check.",
+                        "**bold**: measured fastest of the pycollective algorithms; †: auto's "
+                        "choice (what `algorithm=\"auto\"` runs once decided; the `auto` column "
+                        "times it as called); ✓: choice within 10 % of the fastest; ✗: a "
+                        "failed check.",
                         "", m, ""]
+        errors = _error_matrix(rows, names)
+        if errors:
+            sec += ["The model's error, 100·(predicted − measured)/measured, out of place "
+                    "(**bold**: beyond ±25 %):", "", errors, ""]
         png = f"busbw_N{n}.png"
         if os.path.exists(os.path.join(directory, png)):
             sec += [f"![busbw against message size, N = {n}]({png})", ""]
         sections.append("\n".join(sec))
     overall = (f"{total_hits}/{total_points} = {100 * total_hits / total_points:.0f} %"
                if total_points else "n/a")
+    model_overall = (f"{model_hits}/{model_points} = {100 * model_hits / model_points:.0f} %"
+                     if model_points else "n/a")
     out += ["## Auto score", "",
-            "A point (N, M, in/out of place) scores when the model's choice is the measured "
-            "fastest pycollective algorithm or within 10 % of its time.", "",
+            "A point (N, M, in/out of place) scores when auto's choice (its decision after "
+            "tuning; the model's first choice when auto was not run) is the measured fastest "
+            "pycollective algorithm or within 10 % of its time. Tuning: the calls auto spent "
+            "timing its candidates before it decided, over all sizes, and their time beyond "
+            "as many calls of auto's steady time (also as a number of steady calls).", "",
             *summary, "", f"**Overall: {overall}.**", "",
+            "## The model's error", "",
+            "Predicted (`pred`, what the model says with the calibration in use) against "
+            "measured median time, for every algorithm, size and mode.", "",
+            *model_rows, "", f"**Within ±25 %: {model_overall} of points.**", "",
             f"Checks: {wrong} wrong elements and {bad} runs with differing replicas or a "
             "modified input, over every measurement of the sweep.", ""]
     if skipped:

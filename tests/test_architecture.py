@@ -27,7 +27,8 @@ LAYERS = [
     {"_shmem", "_cma"},
     {"algorithms", "algorithms.*"},
     {"_agree", "_fastpath", "_auto", "_choose", "model", "model.formulas", "model.lecture",
-     "model.params", "model.choice", "model.fit", "model.ledger"},
+     "model.params", "model.choice", "model.fit", "model.ledger", "model.topology",
+     "model.tuning"},
     {"_collectives"},
     {"comm", "bucketing", "bench", "bench.*", "model.calibrate", "model.__main__", ""},
     # training built on the library; nothing below imports it

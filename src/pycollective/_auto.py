@@ -1,39 +1,68 @@
-"""``algorithm="auto"``: the per-communicator state behind the default choice.
+"""``algorithm="auto"``: the per-communicator state that picks, tunes and remembers.
 
-The choice itself is pure (:mod:`pycollective.model.choice`): the algorithm
-with the smallest calibrated prediction for (N, M, dtype).  What this module
-adds is what makes every rank choose the same way:
+The model (:mod:`pycollective.model`) ranks the algorithms for a call; the
+first calls of each (size class, dtype, op) on a communicator then time the
+few it ranks best and keep the fastest (:mod:`pycollective.model.tuning` has
+the rules and the bounds).  What this module adds is what makes that right
+and the same on every rank:
 
-* the parameters are rank 0's: on a communicator's first automatic call,
-  rank 0 alone reads the calibration file and broadcasts it, so ranks with
-  different files (or none) still agree;
-* algorithms that cannot run on the communicator (their registration's
-  ``usable(ctx)`` gives a reason, e.g. "shm" across nodes) are left out,
-  asked once, on every rank at the same point;
-* choices are cached per (M, dtype, op) in the communicator's context.
-
-A calibration file that cannot be read gives the defaults, with a warning
-on rank 0: a broken file must not break every allreduce.
+* The parameters are rank 0's: on a communicator's first automatic call,
+  rank 0 alone reads the calibration file, the ``PYCOLLECTIVE_AUTO`` setting
+  and any decisions file, and broadcasts them, so ranks with different files
+  (or none) still agree.  A calibration that cannot be read gives the
+  built-in defaults, with a warning on rank 0: a broken file must not break
+  every allreduce.
+* Where the ranks run (:class:`~pycollective.model.topology.Layout`) is found
+  once, collectively: ``Split_type(COMM_TYPE_SHARED)`` for the nodes, the
+  cores each node's ranks may use (the union of their affinity masks) and
+  rank 0's core cache.  The model prices links inside and between nodes from
+  it and scales its defaults by the ranks per core.
+* Algorithms that cannot run on the communicator (their ``usable(ctx)``
+  gives a reason, e.g. "shm" across nodes) are left out, asked once, on
+  every rank at the same point.
+* A trial is the user's own call: :meth:`AutoState.resolve` returns the
+  candidate as a :class:`Trial`, which runs the real algorithm on the real
+  buffers (so its result is as right as any call's), times it on this rank
+  and, at the end of each round, agrees on the round's times with one MAX
+  reduction over the ranks (the slowest rank's time).  Decisions are taken
+  from agreed times only, so every rank runs the same candidate in the same
+  call and settles on the same winner.  The fast path never keeps a trial
+  (``_fastpath.remember`` skips a :class:`Trial`), so nothing freezes a
+  choice before its class is tuned.
+* Every decision is logged at DEBUG level on the ``"pycollective"`` logger
+  and kept per class in the context (and, with ``PYCOLLECTIVE_AUTO=FILE``,
+  in that file, which later runs read back and follow).
 """
 
+import dataclasses
 import logging
+import os
+import time
 import warnings
-from typing import Dict, Optional
+from typing import Dict, Optional, Sequence
 
 import numpy as np
+from mpi4py import MPI
 
-from . import _registry, _watch
+from . import _env, _registry, _watch
+from ._agree import agree_max
 from ._context import Context, Key
+from ._ops import OPS
 from ._root import bcast_from_root
-from .model.choice import fastest
-from .model.params import DEFAULTS, load_params, params_for
+from ._shmem import node_comm
+from .model.choice import ranked
+from .model.params import builtin_params, load_params, params_for
+from .model.topology import Layout
+from .model.tuning import (Decision, Tuner, candidates, class_bounds, load_decisions,
+                           save_decision, size_class)
 
-__all__ = ["AutoState", "auto_for", "unusable_reasons", "KEY"]
+__all__ = ["AutoState", "Trial", "auto_for", "unusable_reasons", "layout_of", "KEY"]
 
 logger = logging.getLogger("pycollective")
 
 KEY = Key("auto")
 _USABLE = Key("usable")
+_LAYOUT = Key("layout")
 
 
 def unusable_reasons(ctx: Context) -> Dict[str, str]:
@@ -52,56 +81,274 @@ def unusable_reasons(ctx: Context) -> Dict[str, str]:
     return ctx.cached(_USABLE, ask)
 
 
+# --- where the ranks run -------------------------------------------------------------------
+
+_MASK_WORDS = 16  # affinity masks of up to 1024 CPUs
+
+
+def _affinity_mask() -> np.ndarray:
+    mask = np.zeros(_MASK_WORDS, np.uint64)
+    try:
+        cpus = os.sched_getaffinity(0)
+    except (AttributeError, OSError):
+        cpus = range(os.cpu_count() or 1)
+    for cpu in cpus:
+        if cpu < 64 * _MASK_WORDS:
+            mask[cpu // 64] |= np.uint64(1 << (cpu % 64))
+    return mask
+
+
+def _core_cache_bytes() -> int:
+    """The private (level 2) cache of CPU 0 from sysfs; 0 when the system does not say."""
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        entries = os.listdir(base)
+    except OSError:
+        return 0
+    for entry in sorted(entries):
+        try:
+            with open(f"{base}/{entry}/level") as f:
+                level = int(f.read())
+            with open(f"{base}/{entry}/size") as f:
+                text = f.read().strip().upper()
+        except (OSError, ValueError):
+            continue
+        if level == 2 and text:
+            scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1], 1)
+            try:
+                return int(float(text.rstrip("KMG")) * scale)
+            except ValueError:
+                return 0
+    return 0
+
+
+def _find_layout(ctx: Context) -> Layout:
+    comm = ctx.comm
+    _watch.arrive(comm, "its first automatic choice")
+    node, _ = node_comm(comm)
+    try:
+        mask = _affinity_mask()
+        node.Allreduce(MPI.IN_PLACE, mask, op=MPI.BOR)
+        cores = min(sum(bin(int(w)).count("1") for w in mask), os.cpu_count() or 1)
+        leader = node.bcast(ctx.rank, root=0)  # the node's lowest rank (key = rank)
+    finally:
+        node.Free()
+    facts = comm.allgather((leader, cores, _core_cache_bytes() if ctx.rank == 0 else 0))
+    leaders = sorted({f[0] for f in facts})
+    members = {lead: [r for r, f in enumerate(facts) if f[0] == lead] for lead in leaders}
+    blocks = all(m[-1] - m[0] + 1 == len(m) for m in members.values())
+    return Layout(tuple(len(members[lead]) for lead in leaders), blocks,
+                  tuple(facts[lead][1] for lead in leaders), facts[0][2])
+
+
+def layout_of(ctx: Context) -> Layout:
+    """Where the ranks of ``ctx`` run (collective on first use; the same on every rank)."""
+    if ctx.size == 1:
+        return Layout((1,))
+    return ctx.cached(_LAYOUT, _find_layout)
+
+
+# --- trials --------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Trial(_registry.Algorithm):
+    """A registered algorithm serving a call of a shape auto has not decided yet.
+
+    Most are timed trials of the tuning.  The fast path never keeps one, so
+    the next call of the shape asks auto again.
+    """
+
+
+def _trial(algo: _registry.Algorithm, run=None) -> Trial:
+    return Trial(algo.name, run or algo.run, algo.summary, algo.cost, algo.usable, algo.tags,
+                 algo.collective)
+
+
 class AutoState:
-    """Rank 0's parameters for this communicator, its unusable algorithms, cached choices."""
+    """Rank 0's parameters for this communicator, where its ranks run, and auto's decisions."""
 
-    __slots__ = ("params", "size", "flat", "choices", "exclude")
-    _LIMIT = 4096  # bound the cache for programs that sweep many sizes
+    _LIMIT = 4096  # bound the decisions kept for programs that sweep many sizes
 
-    def __init__(self, params: dict, size: int, exclude=()):
+    def __init__(self, params: dict, size: int, exclude=(), layout: Optional[Layout] = None,
+                 mode: str = "tune", path: Optional[str] = None, kept: Optional[dict] = None):
         self.params = params
         self.size = size
-        self.flat = params_for(params, size)
-        self.choices: Dict[tuple, str] = {}
+        self.layout = layout if layout is not None else Layout((size,))
+        self.flat = params_for(params, size, self.layout)
         self.exclude = tuple(exclude)
+        self.mode = mode          # "tune" or "model"
+        self.path = path          # decisions file (rank 0 writes it), or None
+        self.decisions: Dict[tuple, Decision] = {}
+        self.tuners: Dict[tuple, Tuner] = {}
+        self._times: Dict[tuple, list] = {}  # this rank's times of the round under way
+        self._saving = path is not None
+        for entry in (kept or {}).values():
+            if entry["nranks"] == size and tuple(entry["nodes"]) == self.layout.nodes:
+                self._adopt(entry)
+
+    # -- what the model says --
+
+    def ranking(self, count: int, dtype: np.dtype):
+        """``[(name, predicted seconds)]`` of the algorithms that can run here, fastest first."""
+        return ranked(self.size, count, dtype, self.flat, self.exclude)
+
+    # -- decisions --
+
+    def key(self, count: int, dtype: np.dtype, opname: str) -> tuple:
+        """Decisions hold for a size class; the model alone decides each count."""
+        key = (size_class(count * dtype.itemsize), dtype.num, opname)
+        return key + (count,) if self.mode == "model" else key
+
+    def decision(self, count: int, dtype: np.dtype, opname: str) -> Optional[Decision]:
+        """The decision for calls of this shape, or None while it is not taken."""
+        return self.decisions.get(self.key(count, np.dtype(dtype), opname))
 
     def choose(self, count: int, dtype: np.dtype, opname: str) -> str:
-        """The registered name ``auto`` runs for this call shape (cached)."""
-        key = (count, dtype.num, opname)
-        name = self.choices.get(key)
-        if name is None:
-            if len(self.choices) >= self._LIMIT:
-                self.choices.clear()
-            name = self.choices[key] = fastest(self.size, count, dtype, self.flat, self.exclude)
-            logger.debug("auto: N=%d M=%d %s %s -> %s (parameters: %s)", self.size, count,
-                         dtype, opname, name, self.params.get("source"))
-        return name
+        """What auto runs for this shape outside a trial: the decision, else the model's first."""
+        dtype = np.dtype(dtype)
+        found = self.decision(count, dtype, opname)
+        return found.algorithm if found is not None else self.ranking(count, dtype)[0][0]
+
+    def resolve(self, count: int, dtype: np.dtype, opname: str) -> _registry.Algorithm:
+        """The algorithm this call runs: the decision, a :class:`Trial`, or the model's first.
+
+        Called once per automatic call, on every rank, in the same order;
+        only agreed facts decide, so every rank gets the same answer.
+        """
+        key = self.key(count, dtype, opname)
+        found = self.decisions.get(key)
+        if found is not None:
+            return _registry.get(found.algorithm)
+        tuner = self.tuners.get(key)
+        if tuner is None:
+            ranking = self.ranking(count, dtype)
+            if self.mode == "model":
+                return _registry.get(self._decide(key, dtype, Decision(
+                    ranking[0][0], "model", count, {}, dict(ranking[:1]))).algorithm)
+            tuner = Tuner(ranking, count)
+            if tuner.decision is not None:  # one candidate: nothing to time
+                return _registry.get(self._decide(key, dtype, tuner.decision).algorithm)
+            if len(self.tuners) >= self._LIMIT:
+                self.tuners.clear()
+            self.tuners[key] = tuner
+        if count != tuner.count:
+            # Another count of the class: the model's first, untimed (only equal
+            # calls are compared), and not kept either: the class is undecided.
+            return _trial(_registry.get(next(iter(tuner.predicted))))
+        algo = _registry.get(tuner.next())
+        return _trial(algo, self._timed(key, dtype, tuner, algo.run))
+
+    def _timed(self, key, dtype, tuner: Tuner, run):
+        def trial(ctx, src, dst, kernel):
+            start = time.perf_counter()
+            run(ctx, src, dst, kernel)
+            mine = self._times.setdefault(key, [])
+            mine.append(time.perf_counter() - start)
+            if tuner.ran():
+                # The round's times, the slowest rank's: one small MAX over the ranks.
+                values = np.array([int(t * 1e9) for t in mine], np.int64)
+                del self._times[key]
+                agree_max(ctx, values)
+                decision = tuner.feed(values / 1e9)
+                if decision is not None:
+                    self.tuners.pop(key, None)
+                    self._decide(key, dtype, decision, ctx)
+        return trial
+
+    def _decide(self, key, dtype: np.dtype, decision: Decision,
+                ctx: Optional[Context] = None) -> Decision:
+        if len(self.decisions) >= self._LIMIT:
+            self.decisions.clear()
+        self.decisions[key] = decision
+        klass, _, opname = key[:3]
+        lo, hi = class_bounds(klass)
+        if logger.isEnabledFor(logging.DEBUG):
+            shape = f"M={key[3]}" if len(key) > 3 else f"{lo}-{hi} B per rank"
+            logger.debug("auto: N=%d (%s), %s, %s %s -> %s", self.size, self.layout.describe(),
+                         shape, dtype.name, opname, decision.describe())
+        if self._saving and decision.how == "tuned" and ctx is not None and ctx.rank == 0:
+            try:
+                save_decision(self.path, self.size, self.layout.nodes, klass, dtype.name, opname,
+                              decision)
+            except (OSError, ValueError) as exc:
+                self._saving = False
+                warnings.warn(f"pycollective: cannot keep auto's decisions in {self.path}: {exc}")
+        return decision
+
+    def _adopt(self, entry: dict) -> None:
+        """Follow a decision read from the decisions file, if it fits this communicator."""
+        name = entry["algorithm"]
+        if (name not in _registry.names() or name in self.exclude
+                or entry["op"] not in OPS):
+            return
+        try:
+            dtype = np.dtype(entry["dtype"])
+        except TypeError:
+            return
+        self.decisions[(entry["class"], dtype.num, entry["op"])] = Decision(
+            name, "file", int(entry.get("count", 0)))
+
+    # -- reporting --
+
+    def explain(self, count: int, dtype: np.dtype, opname: str) -> Sequence[str]:
+        """Lines: the model's ranking, the candidates, and the decision (or the tuning so far)."""
+        dtype = np.dtype(dtype)
+        key = self.key(count, dtype, opname)
+        lo, hi = class_bounds(key[0])
+        lines = [f"layout: {self.layout.describe()}; auto mode: {self.mode}"
+                 + (f", decisions kept in {self.path}" if self.path else "")]
+        found = self.decisions.get(key)
+        tuner = self.tuners.get(key)
+        if found is not None:
+            lines.append(f"decision for {lo}-{hi} B per rank, {dtype.name} {opname}: "
+                         f"{found.describe()}")
+        elif tuner is not None:
+            lines.append(f"tuning {lo}-{hi} B per rank: {tuner.calls} trial calls so far, "
+                         f"candidates {list(tuner.alive)}")
+        else:
+            lines.append(f"no call of {lo}-{hi} B per rank yet: the first calls will try "
+                         f"{[n for n, _ in candidates(self.ranking(count, dtype))]}"
+                         if self.mode == "tune" else "the model decides")
+        return lines
 
 
-def _load() -> dict:
+def _load_everything():
+    """On rank 0: the calibration, the auto mode and the kept decisions."""
     try:
-        return load_params()
+        params = load_params()
     except ValueError as exc:
         warnings.warn(f"pycollective: ignoring the calibration: {exc}")
-        return dict(DEFAULTS, source=f"defaults ({exc})")
+        params = builtin_params(f"defaults ({exc})")
+    setting = _env.AUTO.get()
+    mode, path, kept = ("model", None, {}) if setting == "model" else ("tune", None, {})
+    if setting not in ("model", "tune"):
+        path = setting
+        try:
+            kept = load_decisions(path)
+        except ValueError as exc:
+            warnings.warn(f"pycollective: ignoring auto's decisions file: {exc}")
+    return params, mode, path, kept
 
 
-def auto_for(ctx: Context, params: Optional[dict] = None) -> AutoState:
+def auto_for(ctx: Context, params: Optional[dict] = None,
+             mode: Optional[str] = None) -> AutoState:
     """The :class:`AutoState` of ``ctx``; collective on its first use.
 
     Args:
         ctx: the communicator's context.
         params: use these parameters instead of rank 0's file (they must be
             the same on every rank); replaces any existing state.
+        mode: with ``params``: "tune" or "model" instead of rank 0's setting.
     """
     state = ctx.peek(KEY)
     if state is None or params is not None:
-        if params is None:
-            # With the agreement off this may run before any rank has checked
-            # that the others make the same call: wait for them with a deadline
-            # first, so the blocking broadcast cannot wait for ever.
+        if ctx.size > 1:
             _watch.arrive(ctx.comm, "its first automatic choice")
-            params = bcast_from_root(ctx.comm, _load, what="algorithm='auto': loading the "
-                                     "cost model")
-        state = ctx.put(KEY, AutoState(params, ctx.size, unusable_reasons(ctx)))
+        loaded, setting, path, kept = bcast_from_root(
+            ctx.comm, _load_everything, what="algorithm='auto': loading the cost model")
+        if params is not None:
+            loaded = params
+            setting = mode or setting
+        state = ctx.put(KEY, AutoState(loaded, ctx.size, unusable_reasons(ctx), layout_of(ctx),
+                                       setting, path, kept))
     return state

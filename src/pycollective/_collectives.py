@@ -302,9 +302,8 @@ class _Allreduce(NamedTuple):
 
 def _resolve_algorithm(ctx: Context, checked: _Allreduce) -> _registry.Algorithm:
     """The algorithm to run, the same on every rank; raises where it cannot run."""
-    if checked.algo is None:
-        state = _auto.auto_for(ctx)
-        return _registry.get(state.choose(checked.dst.size, checked.dst.dtype, checked.opname))
+    if checked.algo is None:  # the decision, or one of auto's timed trials (see _auto)
+        return _auto.auto_for(ctx).resolve(checked.dst.size, checked.dst.dtype, checked.opname)
     reason = checked.algo.usable(ctx)
     if reason:
         raise ValueError(reason)

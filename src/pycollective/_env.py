@@ -14,7 +14,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Optional
 
-__all__ = ["Setting", "SETTINGS", "parse_bool", "parse_positive_int", "parse_seconds"]
+__all__ = ["Setting", "SETTINGS", "parse_bool", "parse_positive_int", "parse_seconds",
+           "parse_auto"]
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -53,6 +54,14 @@ def parse_seconds(text: str) -> Optional[float]:
     if not value > 0 or value != value:
         raise ValueError("expected seconds (a positive number), or 0/off for no limit")
     return value
+
+
+def parse_auto(text: str) -> str:
+    """``tune``, ``model``, or the path of a decisions file (``~`` expanded)."""
+    t = text.strip()
+    if t.lower() in ("tune", "model"):
+        return t.lower()
+    return os.path.expanduser(t)
 
 
 @dataclass
@@ -102,6 +111,12 @@ CHECK = _setting(
 MODEL = _setting(
     "PYCOLLECTIVE_MODEL", os.path.expanduser, None,
     "calibration file of the cost model (default ~/.cache/pycollective/model.json)")
+AUTO = _setting(
+    "PYCOLLECTIVE_AUTO", parse_auto, "tune",
+    "how algorithm='auto' decides: tune (the first calls of each size class time the "
+    "model's best 3 or 4 and keep the fastest), model (the model's choice, nothing timed), "
+    "or a file: tune, keep the decisions in that JSON file and follow those it holds; "
+    "rank 0's value counts")
 SEGMENT_BYTES = _setting(
     "PYCOLLECTIVE_SEGMENT_BYTES", parse_positive_int, 1 << 20,
     "segment size of ring_pipelined in bytes (default 1 MiB); must match on all ranks")

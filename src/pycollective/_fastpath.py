@@ -98,9 +98,13 @@ def lookup(sendbuf, recvbuf, op, comm, algorithm, timeout) -> Optional[Hit]:
 
 def remember(ctx: Context, algorithm: str, op, timeout, algo: Algorithm, kernel: Callable,
              dst: np.ndarray, facts: Facts, call) -> None:
-    """Keep what a full-path call of this shape resolved to (``call``: its _watch.Call)."""
+    """Keep what a full-path call of this shape resolved to (``call``: its _watch.Call).
+
+    A trial of auto's tuning is not kept: the next call of the shape must ask
+    auto again until the shape is decided.
+    """
     key = _op_key(op)
-    if key is None:
+    if key is None or isinstance(algo, _auto.Trial):
         return
     try:
         hash(timeout)

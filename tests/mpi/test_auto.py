@@ -5,7 +5,9 @@ fail on one rank only are made after the last collective of a test.
 """
 
 import dataclasses
+import logging
 import os
+import types
 import warnings
 
 import numpy as np
@@ -13,8 +15,11 @@ import pytest
 from mpi4py import MPI
 
 import pycollective
-from pycollective import _auto, _registry, model
+from pycollective import _auto, _fastpath, _registry, model
+from pycollective._collectives import DEFAULT
 from pycollective._context import get_context
+from pycollective.model import tuning
+from pycollective.model.tuning import MAX_TRIALS
 from _data import exact_reduce, exact_values, shared_tmp as _shared_tmp
 
 
@@ -115,3 +120,145 @@ def test_auto_leaves_out_shm_when_the_communicator_spans_nodes(monkeypatch):
         comm.Free()
     assert state.exclude == ("shm",)
     assert "shm" not in picks
+
+
+# --- self-tuning ---------------------------------------------------------------------------------
+
+def _settle(comm, count, dtype="float32", op="sum", check=True):
+    """Call auto until it decides this shape; every call checked.  Returns (decision, calls)."""
+    n, r = comm.Get_size(), comm.Get_rank()
+    x = exact_values(r, count, dtype, op)
+    expected = exact_reduce([exact_values(q, count, dtype, op) for q in range(n)], op, dtype)
+    state = _auto.auto_for(get_context(comm))
+    wrong = calls = 0
+    for calls in range(1, MAX_TRIALS + 2):
+        out = np.empty_like(x)
+        pycollective.allreduce(x, out, op, comm=comm)
+        wrong += not np.array_equal(out.view(np.uint8), expected.view(np.uint8))
+        if state.decision(count, np.dtype(dtype), op) is not None:
+            break
+    return state.decision(count, np.dtype(dtype), op), calls, wrong
+
+
+@pytest.mark.mpi(min_size=2)
+def test_tuning_decides_the_same_everywhere_within_its_bound_and_every_call_is_right(
+        monkeypatch):
+    monkeypatch.setenv("PYCOLLECTIVE_AUTO", "tune")
+    comm = MPI.COMM_WORLD.Dup()
+    try:
+        found = []
+        for count in (1, 1000, 100_003):
+            decision, calls, wrong = _settle(comm, count)
+            x, out = np.ones(count, np.float32), np.empty(count, np.float32)
+            pycollective.allreduce(x, out, "sum", comm=comm)  # the first call after the decision
+            hit = _fastpath.lookup(x, out, "sum", comm, "auto", DEFAULT)
+            found.append((count, decision, calls, wrong, hit is not None))
+            agreed = comm.allgather((decision.algorithm, decision.times, decision.calls))
+            assert len({repr(a) for a in agreed}) == 1, agreed
+        state = _auto.auto_for(get_context(comm))
+    finally:
+        comm.Free()
+    for count, decision, calls, wrong, fast in found:
+        assert wrong == 0, (count, decision)
+        assert decision.how in ("tuned", "model") and calls == decision.calls
+        assert calls <= MAX_TRIALS
+        assert decision.algorithm not in state.exclude
+        assert set(decision.times) <= set(decision.predicted)
+        assert fast  # decided: the shape now takes the fast path
+    if MPI.COMM_WORLD.Get_size() <= 8:  # one node here: shm can run
+        assert "shm" not in state.exclude
+
+
+@pytest.mark.mpi(min_size=2)
+def test_ranks_with_different_clocks_still_run_and_keep_the_same_candidates(monkeypatch):
+    # Each rank's own times are noise of its own; only agreed times may decide.
+    rank = MPI.COMM_WORLD.Get_rank()
+    rng = np.random.default_rng(rank)
+    clock = [0.0]
+
+    def perf_counter():
+        clock[0] += float(rng.uniform(1e-6, 1e-3))
+        return clock[0]
+    monkeypatch.setattr(_auto, "time", types.SimpleNamespace(perf_counter=perf_counter))
+    monkeypatch.setenv("PYCOLLECTIVE_AUTO", "tune")
+    comm = MPI.COMM_WORLD.Dup()
+    try:
+        decisions = [_settle(comm, count)[0] for count in (3, 5000)]
+        agreed = comm.allgather([(d.algorithm, d.times, d.calls) for d in decisions])
+    finally:
+        comm.Free()
+    assert len({repr(a) for a in agreed}) == 1, agreed
+
+
+@pytest.mark.mpi(min_size=2)
+def test_model_mode_times_nothing(monkeypatch):
+    monkeypatch.setenv("PYCOLLECTIVE_AUTO", "model")
+    comm = MPI.COMM_WORLD.Dup()
+    try:
+        decision, calls, wrong = _settle(comm, 1000)
+        state = _auto.auto_for(get_context(comm))
+    finally:
+        comm.Free()
+    assert (decision.how, calls, wrong, decision.calls) == ("model", 1, 0, 0)
+    assert decision.algorithm == state.ranking(1000, np.dtype("float32"))[0][0]
+
+
+@pytest.mark.mpi(min_size=2)
+def test_decisions_are_kept_in_a_file_and_followed_by_later_runs(tmp_path_factory, monkeypatch):
+    world = MPI.COMM_WORLD
+    path = _shared_tmp(world, tmp_path_factory, "decisions.json")
+    monkeypatch.setenv("PYCOLLECTIVE_AUTO", path)
+    comm = world.Dup()
+    try:
+        first, _, _ = _settle(comm, 2000)
+    finally:
+        comm.Free()
+    world.Barrier()  # rank 0 has written the file
+    kept = tuning.load_decisions(path)
+    comm = world.Dup()  # a later "run": a fresh communicator reads the file
+    try:
+        state = _auto.auto_for(get_context(comm))
+        again = state.decision(2000, np.dtype("float32"), "sum")
+        other_count = state.decision(1500, np.dtype("float32"), "sum")  # same size class
+        x = exact_values(world.Get_rank(), 2000, "float32", "sum")
+        out = np.empty_like(x)
+        pycollective.allreduce(x, out, comm=comm)
+    finally:
+        comm.Free()
+    if first.how == "tuned":
+        assert len(kept) == 1 and next(iter(kept.values()))["algorithm"] == first.algorithm
+        assert again.how == "file" and again.algorithm == first.algorithm
+        assert other_count == again
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_decision_can_be_pinned_by_hand(tmp_path_factory, monkeypatch):
+    world = MPI.COMM_WORLD
+    path = _shared_tmp(world, tmp_path_factory, "pinned.json")
+    comm = world.Dup()
+    try:
+        layout = _auto.layout_of(get_context(comm))
+        klass = tuning.size_class(4000 * 4)
+        if world.Get_rank() == 0:
+            tuning.save_decision(path, comm.Get_size(), layout.nodes, klass, "float32", "sum",
+                                 tuning.Decision("naive", "tuned"))
+        world.Barrier()
+        monkeypatch.setenv("PYCOLLECTIVE_AUTO", path)
+        decision, calls, wrong = _settle(comm, 4000)
+    finally:
+        comm.Free()
+    assert (decision.algorithm, decision.how, calls, wrong) == ("naive", "file", 1, 0)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_every_decision_is_logged_at_debug_level(caplog, monkeypatch):
+    monkeypatch.setenv("PYCOLLECTIVE_AUTO", "tune")
+    comm = MPI.COMM_WORLD.Dup()
+    try:
+        with caplog.at_level(logging.DEBUG, logger="pycollective"):
+            decision, _, _ = _settle(comm, 777)
+    finally:
+        comm.Free()
+    lines = [r.getMessage() for r in caplog.records if r.name == "pycollective"]
+    assert any(line.startswith("auto: N=") and decision.algorithm in line
+               and "B per rank, float32 sum" in line for line in lines), lines

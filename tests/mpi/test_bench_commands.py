@@ -193,6 +193,7 @@ def _params_favouring(path, best, second):
 @pytest.mark.mpi(min_size=2)
 def test_auto_runs_on_the_params_installed_on_the_communicator(monkeypatch, fresh, tmp_path):
     """--params reaches algorithm='auto' through the communicator, with auto's exclusions."""
+    monkeypatch.setenv("PYCOLLECTIVE_AUTO", "model")  # the model alone decides: no trials
     path = os.path.join(_shared_tmp(fresh, tmp_path), "model.json")
     if fresh.Get_rank() == 0:
         _params_favouring(path, "shm", "tree")
@@ -222,7 +223,7 @@ def test_auto_runs_on_the_params_installed_on_the_communicator(monkeypatch, fres
     assert flat["source"] == path and auto_rows[0]["pred"] is not None
     assert ctx.peek(_auto.KEY) is before  # the communicator's state is back
     if fresh.Get_rank() == 0:
-        assert "tree  " in text and "<- choice (algorithm='auto')" in text
+        assert "tree  " in text and "<- auto's decision" in text
 
 
 @pytest.mark.mpi(min_size=2)

@@ -31,6 +31,8 @@ def test_calibrate_gives_the_same_parameters_on_every_rank():
     assert set(entry["gamma_by_dtype"]) == {"float32", "float16"}
     assert [n for n, _ in entry["exchange"]] == [4, 32, 256, 2048]
     assert entry["overhead"] > 0 and _same_everywhere(comm, entry["overhead"])
+    # one host here: the links inside a node only
+    assert entry["nodes"] == 1 and entry["layout"] == [comm.Get_size()] and "inter" not in entry
     assert set(entry["corrections"]) == set(pycollective.algorithms())
     for name, rows in entry["algorithms"]["times"].items():
         assert [c for c, _ in rows] == [1, 7, 300] and all(t > 0 for _, t in rows), name

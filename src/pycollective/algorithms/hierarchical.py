@@ -31,10 +31,16 @@ one vector-sized ring per call, which is why this is the algorithm to pick on
 several hosts.  Each element is computed once in its node and once among the
 leaders and then copied, so all ranks hold bitwise-identical results.
 
-Cost with q ranks per node (taken from ``PYCOLLECTIVE_RANKS_PER_NODE`` when it
-is one integer, else all N ranks on one node), K = ceil(N/q) nodes,
-f = (q-1)/q, S = M·s bytes:
-3·⌈log2 q⌉·α + (2f·S + S)·β + f·S·γ + ring(K, M) among the leaders.
+Cost.  The node phase costs the largest node's q ranks, f = (q-1)/q,
+S = M·s bytes, over the links inside a node (α_i, β_i):
+3·⌈log2 q⌉·α_i + (2f·S + S)·β_i + f·S·γ (three syncs, copy-in and copy-out of
+the slices, the node's reduction, the leader's gather); the leaders' phase is
+the registered cost of the leaders' algorithm for K nodes over the links
+between nodes (α_e, β_e).  The model passes both kinds of link in ``topo``
+(:class:`~pycollective.model.topology.Topology`); without it the layout is
+``PYCOLLECTIVE_RANKS_PER_NODE`` when it is set, else one node, and
+every link costs α, β.  Acted-out nodes (the override) sit on one real node,
+so their leaders talk over the links inside a node.
 """
 
 import math
@@ -48,7 +54,6 @@ from .._errors import ConfigurationError
 from .._partition import chunk_bounds
 from .._registry import get, register
 from .._shmem import NodeGroup, SharedSlots, copy_in, reduce_own_slice
-from .ring_pipelined import ring_pipelined_cost
 
 ENV = _env.RANKS_PER_NODE.name
 _STATE = Key("hierarchical")
@@ -122,13 +127,17 @@ def _state(ctx):
     return ctx.cached(_STATE, _HierState)
 
 
+def _leaders_algorithm(nbytes):
+    """What the leaders run among themselves: a pipelined ring for large vectors."""
+    return "ring_pipelined" if nbytes >= _INTER_RING_BYTES else "butterfly"
+
+
 def _inter_allreduce(inter, src, dst, kernel):
     if inter.size == 1:
         if src is not dst:
             dst[...] = src
         return
-    name = "ring_pipelined" if dst.nbytes >= _INTER_RING_BYTES else "butterfly"
-    get(name).run(inter, src, dst, kernel)
+    get(_leaders_algorithm(dst.nbytes)).run(inter, src, dst, kernel)
 
 
 def hierarchical_allreduce(ctx, src, dst, kernel):
@@ -158,20 +167,35 @@ def hierarchical_allreduce(ctx, src, dst, kernel):
         node.sync()
 
 
-def hierarchical_cost(nranks, count, itemsize, alpha, beta, gamma):
-    """α-β-γ time of :func:`hierarchical_allreduce` (see the essay above)."""
+def _cost_layout(nranks, topo):
+    """(node sizes, whether the nodes are real) for the cost: override, topology, or one node."""
     text = _env.RANKS_PER_NODE.get()
-    q = nranks
-    if text.isdigit() and int(text) > 0:
-        q = min(int(text), nranks)
-    nodes = -(-nranks // q)
+    if text:
+        try:
+            return _parse_layout(text, nranks), False
+        except ConfigurationError:
+            pass  # the run raises it; the model prices one node meanwhile
+    if topo is not None:
+        return list(topo.nodes), True
+    return [nranks], False
+
+
+def hierarchical_cost(nranks, count, itemsize, alpha, beta, gamma, topo=None):
+    """α-β-γ time of :func:`hierarchical_allreduce` (see the essay above).
+
+    ``alpha``, ``beta`` are the links inside a node; ``topo`` (optional)
+    gives the node sizes and the links between nodes.
+    """
+    sizes, real = _cost_layout(nranks, topo)
+    alpha_e, beta_e = topo.inter if (real and topo.spans_nodes) else (alpha, beta)
+    q, nodes = max(sizes), len(sizes)
     nbytes = count * itemsize
     t = 0.0
     if q > 1:
         f = (q - 1) / q
         t += 3 * math.ceil(math.log2(q)) * alpha + (2 * f + 1) * nbytes * beta + f * nbytes * gamma
     if nodes > 1:
-        t += ring_pipelined_cost(nodes, count, itemsize, alpha, beta, gamma)
+        t += get(_leaders_algorithm(nbytes)).cost(nodes, count, itemsize, alpha_e, beta_e, gamma)
     return t
 
 

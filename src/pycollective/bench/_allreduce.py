@@ -13,14 +13,16 @@ from mpi4py import MPI
 from .. import _auto
 from .. import _collectives as _api
 from .._context import get_context
-from .._exact import fill_exact
+from .._exact import compare, fill_exact
 from .._kernels import BFLOAT16
 from .._ops import MPI_OPS
 from .._root import bcast_from_root
+from .._timing import slowest, timed_call
 from .._units import count_arg, size_arg
 from ..model.choice import calibrated_times, gamma_of
 from ..model.formulas import predict
-from ..model.params import load_params
+from ..model.params import load_params, params_for
+from ..model.tuning import MAX_TRIALS
 from ._args import (add_algorithms_argument, add_data_options, check_exact, expand_algorithms,
                     factor_arg, positive_int, seconds_arg)
 from ._cli import build_parser as _build_parser
@@ -94,10 +96,14 @@ columns (single size, --M):
   ratio       native time / our time: above 1 we are faster than native
   model(us)   the bare alpha-beta-gamma cost, pycollective.model.predict,
               with the calibration's alpha, beta, gamma for this N
-  pred(us)    what algorithm="auto" believes, model.explain: that cost times
-              the calibration's measured correction for this algorithm and
-              size, plus the per-call overhead (= model(us) uncalibrated)
+  pred(us)    what the model predicts, model.explain: that cost times the
+              calibration's measured correction for this algorithm and size,
+              plus the per-call overhead (= model(us) uncalibrated)
   err%        100 * (pred / time - 1)
+  tune        (auto only) the calls auto spent timing its candidates before
+              it decided this size (they run before the timed repetitions;
+              each is a checked, correct allreduce)
+  tune cost   their time beyond as many calls of auto's steady time (us)
   #wrong      elements that are not bit-for-bit equal to native
               comm.Allreduce's result, summed over ranks (worst call, warm-up
               calls included).
@@ -114,9 +120,10 @@ sweeps (--minbytes/--maxbytes or --mincount/--maxcount):
   one table per algorithm and one for native, in the nccl-tests layout:
   size (B), count, type, redop, then for out-of-place and in-place:
   time (us), algbw, busbw (GB/s), #wrong; then model(us), pred(us), err%.
-  A last table shows the measured fastest algorithm at every size, the
-  model's choice (what algorithm="auto" runs), and the auto score: the
-  fraction of sizes where the choice is the fastest or within 10 % of it.
+  A last table shows the measured fastest algorithm at every size, auto's
+  choice (its decision after tuning when auto is among the algorithms,
+  else the model's first choice), and the auto score: the fraction of
+  sizes where the choice is the fastest or within 10 % of it.
 
 Lines that are not data start with '#', table headers included.  An
 algorithm that cannot run on this communicator (pycollective.
@@ -160,8 +167,13 @@ def _options(p):
                        help="calibration file for the predictions and for algorithm='auto' "
                             "(installed on the communicator for the run, read by rank 0; "
                             "default: the one algorithm='auto' uses)")
+    model.add_argument("--predict-with", default=None, metavar="FILE",
+                       help="predict (model(us), pred(us), err%%) with this calibration, "
+                            "leaving algorithm='auto' on its own parameters: a fresh "
+                            "machine's auto and a calibrated model's error in one run")
     model.add_argument("--explain", action="store_true",
-                       help="print every algorithm's predicted time and the automatic choice")
+                       help="print every algorithm's predicted time, the layout and auto's "
+                            "decision (with the times of its trials)")
     p.add_argument("--plot", default=None, metavar="FILE.png",
                    help="plot busbw against size (needs matplotlib: pip install pycollective[plot])")
     p.add_argument("--no-agree", action="store_true",
@@ -224,6 +236,8 @@ def _files(args):
     checks = []
     if args.params is not None:
         checks.append(("--params", lambda: _params_problem(args.params)))
+    if args.predict_with is not None:
+        checks.append(("--predict-with", lambda: _params_problem(args.predict_with)))
     if args.plot is not None:
         checks.append(("--plot", lambda: _plot_problem(args.plot)))
     return checks
@@ -275,20 +289,22 @@ class _Beliefs:
     """What ``algorithm="auto"`` believes on this communicator, from its own state.
 
     The state (:func:`pycollective._auto.auto_for`) holds the parameters,
-    the algorithms that cannot run here and the choices, so the predictions
-    and the choice shown are the ones ``auto`` acts on.  One rank: nothing
-    to predict (allreduce sends no message).
+    the layout, the algorithms that cannot run here and the decisions, so
+    the predictions and the choice shown are the ones ``auto`` acts on.  One
+    rank: nothing to predict (allreduce sends no message).
     """
 
-    def __init__(self, state, nranks):
+    def __init__(self, state, nranks, predict=None):
         self.state, self.nranks = state, nranks
-        self.flat = state.flat
+        # predictions from ``predict`` (parameters), if given, on auto's layout
+        self.flat = state.flat if predict is None else params_for(predict, nranks, state.layout)
 
     def pick(self, count, dtype, op):
+        """Auto's decision for this shape, else the model's first choice."""
         return self.state.choose(count, np.dtype(dtype), op) if self.nranks > 1 else None
 
     def calibrated(self, count, dtype):
-        """``{algorithm: seconds}`` that ``auto`` weighs (its exclusions left out)."""
+        """``{algorithm: seconds}`` that the model predicts (auto's exclusions left out)."""
         if self.nranks < 2:
             return {}
         times = calibrated_times(self.nranks, count, np.dtype(dtype), self.flat)
@@ -310,19 +326,54 @@ class _Beliefs:
         """Every algorithm's bare and calibrated prediction, and the choice, as comments."""
         calibrated = self.calibrated(count, dtype)
         pick = self.pick(count, dtype, op)
+        decided = self.state.decision(count, np.dtype(dtype), op) is not None
         everyone = list(dict.fromkeys(_api.algorithms() + [n for n in names if n != "auto"]))
         rows = [(n, self.bare(n, count, dtype), calibrated.get(n)) for n in everyone]
         f = self.flat
         lines = [f"# model for N={self.nranks}, M={count} {np.dtype(dtype).name} {op}: "
                  f"alpha={f['alpha']:.3g} s, beta={f['beta']:.3g} s/B, "
-                 f"gamma={gamma_of(f, np.dtype(dtype)):.3g} s/B (from {f.get('source')})",
+                 f"gamma={gamma_of(f, np.dtype(dtype)):.3g} s/B"
+                 + (f", between nodes alpha={f['inter'][0]:.3g} s, beta={f['inter'][1]:.3g} s/B"
+                    if self.state.layout.spans_nodes else "")
+                 + f" (from {f.get('source')})",
                  f"# {'algorithm':>14s}  {'model(us)':>10s}  {'pred(us)':>10s}"]
+        mark_text = "auto's decision" if decided else "the model's first choice"
         for n, bare, cal in sorted(rows, key=lambda x: (x[2] is None, x[2] or 0, x[1] or 0)):
-            mark = "  <- choice (algorithm='auto')" if n == pick else ""
+            mark = f"  <- {mark_text}" if n == pick else ""
             if n in reasons:
                 mark = f"  (cannot run here: {reasons[n]})"
             lines.append(f"# {n:>14s}  {t_us(bare):>10s}  {t_us(cal):>10s}{mark}")
+        lines += [f"# {line}" for line in self.state.explain(count, dtype, op)]
         return "\n".join(lines)
+
+
+def _settle(comm, state, count, dtype, op, inplace):
+    """Call ``algorithm="auto"`` until it has decided this shape: its tuning, timed and checked.
+
+    Every call is timed as the harness times one (Barrier, the call) and its
+    result compared bit for bit with native ``MPI_Allreduce``'s.  Returns
+    ``{"calls", "time" (their total, the slowest rank's), "wrong"}`` (agreed).
+    """
+    dtype = np.dtype(dtype)
+    send = np.empty(count, dtype)
+    fill_exact(send, comm.Get_rank(), comm.Get_size(), op)
+    expected = np.empty_like(send)
+    comm.Allreduce(send, expected, op=MPI_OPS[op])
+    out = np.empty_like(send)
+    times, wrong = [], 0
+    for _ in range(MAX_TRIALS + 1):  # the most a class can take, and one more
+        if state.decision(count, dtype, op) is not None:
+            break
+        if inplace:
+            out[...] = send
+
+        def call():
+            _api.allreduce(MPI.IN_PLACE if inplace else send, out, op, comm=comm,
+                           algorithm="auto")
+        times.append(timed_call(comm, call))
+        wrong = max(wrong, compare(out, expected)[0])
+    agreed = slowest(comm, np.array(times + [float(wrong)]))
+    return {"calls": len(times), "time": float(agreed[:-1].sum()), "wrong": int(agreed[-1])}
 
 
 def _install_beliefs(args, comm):
@@ -373,22 +424,33 @@ def run(args, session):
     dtype = np.dtype(args.dtype)
     names, reasons = usable(args.algorithms, session)
     state, previous = _install_beliefs(args, comm)
-    beliefs = _Beliefs(state, nranks)
+    predict = None
+    if args.predict_with is not None:
+        predict = bcast_from_root(comm, lambda: load_params(args.predict_with),
+                                  what="--predict-with")
+    beliefs = _Beliefs(state, nranks, predict)
     cases = [algorithm_case(n) for n in names]
     previous_check = _api.set_check(not args.no_agree)
     rows = []
     progress = session.progress(len(args.counts) * len(args.modes))
     try:
         for count in args.counts:
-            if args.explain and nranks > 1:
-                session.print(beliefs.explain(names, count, dtype.name, args.op, reasons))
-            pick = beliefs.pick(count, dtype, args.op)
-            calibrated = beliefs.calibrated(count, dtype)
             for inplace in args.modes:
+                tuning = None
+                if "auto" in names and nranks > 1 and count > 0:
+                    tuning = _settle(comm, state, count, dtype, args.op, inplace)
+                if args.explain and nranks > 1 and inplace == args.modes[0]:
+                    session.print(beliefs.explain(names, count, dtype.name, args.op, reasons))
+                pick = beliefs.pick(count, dtype, args.op)
+                calibrated = beliefs.calibrated(count, dtype)
                 got = compare_with_native(measure(
                     comm, ALLREDUCE, cases, count, dtype, args.op, inplace=inplace,
                     iters=args.iters, warmup=args.warmup, budget=args.budget))
                 for r in got:
+                    if r["name"] == "auto" and tuning is not None:
+                        r["tune_calls"], r["tune_time"] = tuning["calls"], tuning["time"]
+                        r["tune_cost"] = max(0.0, tuning["time"] - tuning["calls"] * r["time"])
+                        r["wrong"] = max(r["wrong"], tuning["wrong"])
                     predicted = pick if r["name"] == "auto" else r["name"]
                     mine = r["name"] != "native" and predicted is not None
                     r["pred_bare"] = beliefs.bare(predicted, count, dtype) if mine else None
@@ -406,7 +468,10 @@ def run(args, session):
             get_context(comm).put(_auto.KEY, previous)
 
     score = auto_score(rows, [n for n in names if n != "auto"])
-    session.report.update(calibration=state.flat, auto_score=score)
+    score["choice"] = "auto's decision" if "auto" in names else "the model's first choice"
+    session.report.update(calibration=beliefs.flat, auto_score=score,
+                          auto_calibration=state.flat.get("source"),
+                          layout=state.layout.describe() if nranks > 1 else None)
     ours = [r for r in rows if r["name"] != "native"]
     if args.sweep:
         session.print(sweep_tables(rows, names, args.modes))

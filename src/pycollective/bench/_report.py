@@ -45,6 +45,9 @@ def single_table(rows):
     if any(r.get("pred") is not None for r in rows):
         cols += [("model(us)", lambda r: t_us(r.get("pred_bare"))),
                  ("pred(us)", lambda r: t_us(r.get("pred"))), ("err%", _err_pct)]
+    if any("tune_calls" in r for r in rows):
+        cols += [("tune", lambda r: str(r["tune_calls"]) if "tune_calls" in r else "-"),
+                 ("tune cost(us)", lambda r: t_us(r.get("tune_cost")))]
     cols += [
         ("#wrong", lambda r: str(r["wrong"])),
         ("maxerr", lambda r: fmt_num(r["maxerr"])),
@@ -83,6 +86,9 @@ def sweep_tables(rows, names, modes):
             cols += [("model(us)", lambda ln: t_us(ln[0].get("pred_bare"))),
                      ("pred(us)", lambda ln: t_us(ln[0].get("pred"))),
                      ("err%", lambda ln: _err_pct(ln[0]))]
+        if name == "auto":  # what deciding cost, apart from the timed repetitions
+            cols += [("tune", lambda ln: str(sum(r.get("tune_calls", 0) for r in ln))),
+                     ("tune cost(us)", lambda ln: t_us(sum(r.get("tune_cost", 0.0) for r in ln)))]
         problems = [r for ln in lines for r in ln if not (r["identical"] and r["input_intact"])]
         note = ""
         if problems:
@@ -110,6 +116,8 @@ def auto_score(rows, names, within=0.10):
         if r["name"] in names:
             groups.setdefault((r["nranks"], r["count"], r["dtype"], r["op"], r["inplace"]),
                               []).append(r)
+    tuned = {(r["nranks"], r["count"], r["dtype"], r["op"], r["inplace"]): r
+             for r in rows if r["name"] == "auto"}
     points = []
     for key, grp in sorted(groups.items()):
         pick = grp[0].get("auto")
@@ -117,9 +125,11 @@ def auto_score(rows, names, within=0.10):
             continue
         times = {r["name"]: r["time"] for r in grp}
         fastest = min(times, key=times.get)
+        auto_row = tuned.get(key, {})
         entry = dict(nranks=key[0], count=key[1], dtype=key[2], op=key[3], inplace=key[4],
                      fastest=fastest, fastest_time=times[fastest], auto=pick,
-                     auto_time=times.get(pick))
+                     auto_time=times.get(pick), tune_calls=auto_row.get("tune_calls"),
+                     tune_cost=auto_row.get("tune_cost"))
         entry["hit"] = bool(entry["auto_time"] is not None
                             and entry["auto_time"] <= (1 + within) * times[fastest])
         points.append(entry)
@@ -139,11 +149,15 @@ def score_table(score):
         ("auto(us)", lambda p: t_us(p["auto_time"])),
         ("ok", lambda p: "yes" if p["hit"] else "no"),
     ]
+    if any(p.get("tune_calls") is not None for p in score["points"]):
+        cols += [("tune", lambda p: "-" if p.get("tune_calls") is None else str(p["tune_calls"])),
+                 ("tune cost(us)", lambda p: t_us(p.get("tune_cost")))]
     text = format_table(cols, score["points"], prefix="# ")
     if score["score"] is not None:
         text += (f"\n# auto score: {score['hits']}/{score['scored']} = "
-                 f"{100 * score['score']:.0f}% of points where the model's choice is the "
-                 f"fastest or within {100 * score['within']:.0f}% of it")
+                 f"{100 * score['score']:.0f}% of points where "
+                 f"{score.get('choice', 'the choice')} is the fastest or within "
+                 f"{100 * score['within']:.0f}% of it")
     return text
 
 

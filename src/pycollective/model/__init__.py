@@ -10,6 +10,8 @@ code.  The package is split by concern:
 ``params``          calibrated parameters: defaults, load, save, per-N values
 ``choice``          what ``algorithm="auto"`` believes and picks (pure)
 ``fit``             fitting α, β and measured/model ratios to measurements
+``topology``        where ranks run (``Layout``) and what links cost (``Topology``)
+``tuning``          what ``auto``'s timed trials try, and how it decides
 ``calibrate``       measuring on this machine, through ``pycollective.allreduce``
 ``__main__``        ``python -m pycollective.model lecture|table|show|calibrate|check``
 ==================  ===========================================================
@@ -29,12 +31,13 @@ from .formulas import predict, predict_all, terms
 from .lecture import LECTURE, lecture_cases, lecture_predict
 from .params import (DEFAULTS, default_path, load_params, merge_calibration, params_for,
                      save_params)
+from .topology import Layout, Topology
 
 __all__ = [
     "DEFAULTS", "predict", "predict_all", "terms", "LECTURE", "lecture_predict",
     "lecture_cases", "choose", "explain", "load_params", "save_params", "params_for",
     "default_path", "merge_calibration", "fit_alpha_beta", "fit_two_regimes",
-    "fit_corrections", "measure_algorithms", "calibrate", "ALGORITHM_COUNTS",
+    "fit_corrections", "measure_algorithms", "calibrate", "ALGORITHM_COUNTS", "Layout", "Topology",
     "CALIBRATED_DTYPES", "main",
 ]
 

@@ -6,9 +6,12 @@ exchanges (``Sendrecv`` to the right neighbour, from the left) over a range
 of message sizes, by least squares on relative error (α from the small
 sizes, β from those out of cache), γ per dtype from the reduction kernels,
 β and γ also per size (a shared-memory node moves cached data several times
-faster than data from memory).  Then it times every registered algorithm
-through the public ``pycollective.allreduce`` at sizes 1..4^11 and stores,
-per algorithm and size, measured ÷ model: the model is only a model.
+faster than data from memory).  On a communicator that spans nodes the
+exchanges are made twice: inside every node at once (the links inside a
+node) and around a ring of one rank per node (the links between nodes).
+Then it times every registered algorithm through the public
+``pycollective.allreduce`` at sizes 1..4^11 and stores, per algorithm and
+size, measured ÷ model: the model is only a model.
 """
 
 import datetime
@@ -19,7 +22,10 @@ from mpi4py import MPI
 
 from .. import _timing
 from .._about import environment
+from .._auto import layout_of
 from .._collectives import allreduce, usable_algorithms
+from .._context import get_context
+from .._shmem import node_comm
 from .._kernels import get_kernel
 from .._units import bytes_label
 from ..algorithms._p2p import sendrecv
@@ -49,15 +55,20 @@ def _per_call(comm, body, steps, reps):
 CALIBRATED_DTYPES = ("float32", "float64", "float16", "int32", "int64")
 
 
-def measure_algorithms(comm, counts, *, dtype="float32", reps=5, names=None, budget=5e-3):
+def measure_algorithms(comm, counts, *, dtype="float32", reps=5, names=None, budget=0.25,
+                       most=40):
     """Time ``pycollective.allreduce`` with every algorithm at every count (collective).
 
-    Algorithms take turns within each repetition, so a burst of load from
-    another process hits all of them rather than one.  A sample is the
-    slowest rank's mean over enough back-to-back calls to last ``budget``
-    seconds; the result is the lower quartile of ``reps`` samples.  ``overhead``
-    is the time of a call with count 0: the argument checks and the
-    agreement step that every call pays, whatever the algorithm.
+    Each sample is one call after a ``Barrier``, the slowest rank's time, as
+    the bench times a call (and as a call between two steps of a training
+    loop runs: back-to-back calls would overlap the ranks' skew and look
+    faster); the result is the median of the samples, again as the bench
+    reports it.  Algorithms take turns within each repetition, so a burst of
+    load from another process hits all of them rather than one.  There are
+    ``reps`` repetitions, more (up to ``most``) where all calls of a
+    repetition together take less than ``budget`` seconds.  ``overhead`` is
+    the time of a call with count 0: the argument checks and the agreement
+    step that every call pays, whatever the algorithm.
 
     Returns:
         ``{"overhead": seconds, "times": {name: [[count, seconds], ...]}}``.
@@ -75,18 +86,46 @@ def measure_algorithms(comm, counts, *, dtype="float32", reps=5, names=None, bud
                  for name in names}
         if overhead is None:  # take turns with the first count's calls
             calls[""] = lambda: allreduce(empty, empty_out, comm=comm, algorithm=names[0])
-        inner = {name: _timing.calls_for_budget(comm, fn, budget) for name, fn in calls.items()}
-        samples = _timing.rounds(comm, calls, reps, inner)
+        # one warm-up call of each, whose time sizes the repetitions
+        one = _timing.slowest(comm, [_timing.timed_call(comm, fn) for fn in calls.values()])
+        count_reps = max(reps, min(most, int(budget / max(float(one.sum()), 1e-9))))
+        samples = _timing.rounds(comm, calls, count_reps)
         if overhead is None:
             # Every call pays it, so it cannot exceed the fastest first-count call.
-            overhead = min(_timing.lower_quartile(samples.pop("")),
-                           min(_timing.lower_quartile(v) for v in samples.values()))
+            overhead = min(float(np.median(samples.pop(""))),
+                           min(float(np.median(v)) for v in samples.values()))
         for name in names:
-            times[name].append([int(count), _timing.lower_quartile(samples[name])])
+            times[name].append([int(count), float(np.median(samples[name]))])
     return {"overhead": overhead or 0.0, "times": times}
 
 
 ALGORITHM_COUNTS = tuple(4 ** k for k in range(12))  # 1 .. 4194304 elements
+
+
+def _exchange(comm, ring, sizes, reps, say, where):
+    """``[[bytes, seconds]]`` of ring exchanges on ``ring`` (None: this rank idles).
+
+    Collective over ``comm``: every rank times the same steps, so the
+    slowest rank's time is that of the ring's ranks.
+    """
+    rows = []
+    if ring is not None:
+        rank, size = ring.Get_rank(), ring.Get_size()
+        right, left = (rank + 1) % size, (rank - 1) % size
+    for n in sizes:
+        # Fresh arrays of exactly n bytes, as an allreduce's buffers are:
+        # slices of one huge (huge-page backed) buffer move 2x faster here.
+        sbuf = (np.arange(n) % 251).astype(np.uint8)
+        rbuf = np.empty(n, np.uint8)
+
+        def body(sbuf=sbuf, rbuf=rbuf):
+            if ring is not None:
+                sendrecv(ring, sbuf, right, rbuf, left, 7)
+        t = _per_call(comm, body, _steps(n), reps)
+        rows.append([n, t])
+        say(f"  exchange {where}{n:>10d} B  {t * 1e6:12.2f} us")
+        del sbuf, rbuf
+    return rows
 
 
 def calibrate(comm=None, *, min_bytes=4, max_bytes=1 << 26, factor=4, reps=7,
@@ -101,8 +140,10 @@ def calibrate(comm=None, *, min_bytes=4, max_bytes=1 << 26, factor=4, reps=7,
     largest size (out of cache).  Both are also kept per size, as curves.
     Then every registered algorithm is timed at ``counts`` float32 elements
     (:func:`measure_algorithms`) and compared with the model
-    (:func:`fit_corrections`).  Times are the slowest rank's, lower quartiles
-    of ``reps`` repetitions (other processes only ever add time).
+    (:func:`fit_corrections`).  Times are the slowest rank's: for the
+    exchanges and kernels, lower quartiles of ``reps`` repetitions (other
+    processes only ever add time); for the algorithms, the median of single
+    calls after a barrier, as the bench measures them.
 
     Args:
         comm: an mpi4py intracommunicator with at least 2 ranks; None means
@@ -137,23 +178,34 @@ def calibrate(comm=None, *, min_bytes=4, max_bytes=1 << 26, factor=4, reps=7,
     if len(counts) == 1:
         raise ValueError("give at least two counts to compare the algorithms with, or none")
     say = log if (log is not None and rank == 0) else (lambda line: None)
+    layout = layout_of(get_context(comm))
     comm = comm.Dup()  # our messages never meet the caller's
     try:
-        right, left = (rank + 1) % size, (rank - 1) % size
         sizes = _sizes(min_bytes, max_bytes, factor)
-        exchange = []
-        for n in sizes:
-            # Fresh arrays of exactly n bytes, as an allreduce's buffers are:
-            # slices of one huge (huge-page backed) buffer move 2x faster here.
-            sbuf = (np.arange(n) % 251).astype(np.uint8)
-            rbuf = np.empty(n, np.uint8)
-
-            def body(sbuf=sbuf, rbuf=rbuf):
-                sendrecv(comm, sbuf, right, rbuf, left, 7)
-            t = _per_call(comm, body, _steps(n), reps)
-            exchange.append([n, t])
-            say(f"  exchange {n:>10d} B  {t * 1e6:12.2f} us")
-            del sbuf, rbuf
+        node, whole = node_comm(comm)
+        leaders = comm.Split(0 if node.Get_rank() == 0 else MPI.UNDEFINED, rank)
+        inter = None
+        try:
+            if whole:
+                exchange = _exchange(comm, comm, sizes, reps, say, "")
+            else:
+                # Inside every node at once (nothing to measure if no node has two
+                # ranks), then between the nodes' first ranks, the others idle.
+                inside = comm.allreduce(node.Get_size(), op=MPI.MAX) > 1
+                exchange = (_exchange(comm, node if node.Get_size() > 1 else None, sizes, reps,
+                                      say, "inside nodes ") if inside else None)
+                between = _exchange(comm, leaders if leaders != MPI.COMM_NULL else None, sizes,
+                                    reps, say, "between nodes ")
+                a, b, _ = fit_two_regimes(*zip(*between))
+                inter = {"alpha": a, "beta": b}
+                say(f"  between nodes: alpha = {a * 1e6:.3f} us, beta = {b * 1e9:.4f} ns/B "
+                    f"({1e-9 / b if b else math.inf:.2f} GB/s)")
+                if exchange is None:
+                    exchange = between
+        finally:
+            node.Free()
+            if leaders != MPI.COMM_NULL:
+                leaders.Free()
         alpha, beta, residual = fit_two_regimes(*zip(*exchange))
         beta_curve = per_byte_curve(exchange, alpha)
         say(f"  alpha = {alpha * 1e6:.3f} us, beta = {beta * 1e9:.4f} ns/B "
@@ -189,15 +241,19 @@ def calibrate(comm=None, *, min_bytes=4, max_bytes=1 << 26, factor=4, reps=7,
             "gamma": gamma, "gamma_by_dtype": gamma_by_dtype,
             "residual": residual, "exchange": exchange, "kernel": kernel,
             "beta_curve": beta_curve, "gamma_curves": gamma_curves,
-            "overhead": 0.0, "corrections": {},
+            "overhead": 0.0, "corrections": {}, "nodes": len(layout.nodes),
+            "layout": list(layout.nodes),
             "machine": environment(comm), "created": datetime.datetime.now(
                 datetime.timezone.utc).isoformat(timespec="seconds"),
         }
+        if inter is not None:
+            entry["inter"] = inter
+            entry["inter_exchange"] = between
         if counts:
             measured = measure_algorithms(comm, counts, dtype="float32", reps=reps)
             entry["algorithms"] = measured
             entry["overhead"] = measured["overhead"]
-            entry["corrections"] = fit_corrections(size, measured, entry)
+            entry["corrections"] = fit_corrections(size, measured, entry, layout=layout)
             say(f"  per-call overhead {measured['overhead'] * 1e6:.1f} us; "
                 "measured/model ratio by vector size:")
             say("    " + " " * 16 + "".join(f"{bytes_label(b):>8s}"

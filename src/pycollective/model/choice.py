@@ -1,11 +1,15 @@
-"""The choice of ``algorithm="auto"``: every algorithm's calibrated prediction, and the fastest.
+"""What the model predicts for every algorithm, and the fastest: the model's side of ``auto``.
 
 The calibrated prediction is per-call overhead + (measured ÷ model ratio at
-this size) × α-β-γ cost; with no calibration it is the bare model with
-:data:`~pycollective.model.params.DEFAULTS`.  :func:`choose` is a pure
-function of (N, M, dtype, op, parameters), so ranks agree as long as they
-hold the same parameters (the library makes sure they do: rank 0 loads the
-calibration and broadcasts it).
+this size) × α-β-γ cost; with no calibration it is the bare model with the
+built-in defaults scaled for the machine
+(:func:`~pycollective.model.params.params_for`).  On a communicator that
+spans nodes the cost is priced on its :class:`~pycollective.model.topology.Topology`
+(links inside and between nodes).  :func:`choose` is a pure function of
+(N, M, dtype, op, parameters, layout), so ranks agree as long as they hold
+the same parameters (the library makes sure they do: rank 0 loads the
+calibration and broadcasts it).  ``algorithm="auto"`` times the few
+algorithms ranked first here before it settles (:mod:`pycollective.model.tuning`).
 """
 
 import numpy as np
@@ -13,10 +17,11 @@ import numpy as np
 from .. import _registry
 from .._ops import resolve_op
 from .formulas import check_args
-from .params import load_params, params_for, value_at
+from .params import ANY_DTYPE, load_params, params_for, value_at
+from .topology import Topology, evaluate
 
-__all__ = ["choose", "explain", "fastest", "calibrated_times", "rates", "model_time",
-           "gamma_of"]
+__all__ = ["choose", "explain", "fastest", "ranked", "calibrated_times", "rates", "model_time",
+           "gamma_of", "topology_of"]
 
 
 _default_params = None
@@ -41,24 +46,47 @@ def rates(flat, count, dtype):
     """
     nbytes = count * dtype.itemsize
     beta = value_at(flat.get("beta_curve"), nbytes, flat["beta"])
-    gamma_curve = (flat.get("gamma_curves") or {}).get(dtype.name)
+    curves = flat.get("gamma_curves") or {}
+    gamma_curve = curves.get(dtype.name)
+    if gamma_curve is None and dtype.name not in flat["gamma_by_dtype"]:
+        gamma_curve = curves.get(ANY_DTYPE)
     gamma = value_at(gamma_curve, nbytes, gamma_of(flat, dtype))
     return beta, gamma
 
 
+def topology_of(flat, beta):
+    """The :class:`Topology` of ``flat``'s layout (None on one node), links inside at ``beta``."""
+    layout = flat.get("layout")
+    if layout is None or not layout.spans_nodes:
+        return None
+    return Topology(layout.nodes, (flat["alpha"], beta), tuple(flat["inter"]))
+
+
 def model_time(cost, nranks, count, dtype, flat, beta_gamma=None):
-    """The α-β-γ time of ``cost`` with the calibrated α and per-size β, γ."""
+    """The α-β-γ time of ``cost``: the calibrated α, per-size β and γ, ``flat``'s layout."""
     beta, gamma = beta_gamma or rates(flat, count, dtype)
-    return cost(nranks, count, dtype.itemsize, flat["alpha"], beta, gamma)
+    return evaluate(cost, nranks, count, dtype.itemsize, flat["alpha"], beta, gamma,
+                    topology_of(flat, beta))
+
+
+def _corrections(flat):
+    """The measured ratios, if they were measured on as many nodes as ``flat``'s layout has."""
+    layout = flat.get("layout")
+    nodes = 1 if layout is None else len(layout.nodes)
+    return flat["corrections"] if flat.get("nodes", 1) == nodes else {}
 
 
 def calibrated_times(nranks, count, dtype, flat):
     """``{name: calibrated prediction}`` for every algorithm with a cost model, in registry order.
 
     ``flat`` is one N's parameters (:func:`~pycollective.model.params.params_for`).
+    The measured ratios apply only where the calibration was made on as
+    many nodes as the layout has (on one node, links between nodes were not
+    in them).
     """
     out = {}
     beta_gamma = rates(flat, count, dtype)
+    corrections = _corrections(flat)
     for name in _registry.names():
         algo = _registry.get(name)
         if algo.cost is None:
@@ -66,10 +94,23 @@ def calibrated_times(nranks, count, dtype, flat):
         if count == 0 or nranks == 1:
             out[name] = 0.0
             continue
-        ratio = value_at(flat["corrections"].get(name), count * dtype.itemsize, 1.0)
+        ratio = value_at(corrections.get(name), count * dtype.itemsize, 1.0)
         out[name] = flat["overhead"] + max(ratio, _MIN_FACTOR) * model_time(
             algo.cost, nranks, count, dtype, flat, beta_gamma)
     return out
+
+
+def ranked(nranks, count, dtype, flat, exclude=()):
+    """``[(name, predicted seconds)]`` fastest first, leaving out ``exclude``.
+
+    Ties keep registry order, the same on every rank.
+    """
+    times = calibrated_times(nranks, count, dtype, flat)
+    order = {name: i for i, name in enumerate(times)}
+    kept = [(name, t) for name, t in times.items() if name not in exclude]
+    if not kept:
+        raise ValueError("no registered algorithm has a cost model")
+    return sorted(kept, key=lambda nt: (nt[1], order[nt[0]]))
 
 
 def fastest(nranks, count, dtype, flat, exclude=()):
@@ -77,17 +118,10 @@ def fastest(nranks, count, dtype, flat, exclude=()):
 
     Ties go to the earlier registered algorithm, the same on every rank.
     """
-    times = calibrated_times(nranks, count, dtype, flat)
-    for name in exclude:
-        times.pop(name, None)
-    if not times:
-        raise ValueError("no registered algorithm has a cost model")
-    best = min(times.values())
-    # registry order breaks ties, the same on every rank
-    return next(name for name, t in times.items() if t == best)
+    return ranked(nranks, count, dtype, flat, exclude)[0][0]
 
 
-def explain(nranks, count, dtype="float32", params=None):
+def explain(nranks, count, dtype="float32", params=None, layout=None):
     """What ``algorithm="auto"`` believes: every algorithm's calibrated prediction.
 
     The calibrated prediction is the α-β-γ cost with this N's parameters,
@@ -97,7 +131,7 @@ def explain(nranks, count, dtype="float32", params=None):
     :func:`~pycollective.model.formulas.predict` with ``DEFAULTS``.
 
     Args:
-        nranks, count, dtype: as for :func:`choose`.
+        nranks, count, dtype, layout: as for :func:`choose`.
         params: from :func:`load_params`; None loads the default calibration.
 
     Returns:
@@ -107,7 +141,7 @@ def explain(nranks, count, dtype="float32", params=None):
     dtype = np.dtype(dtype)
     params = _params_or_default(params)
     check_args(nranks, count, params["alpha"], params["beta"], params["gamma"], dtype.itemsize)
-    return calibrated_times(int(nranks), int(count), dtype, params_for(params, nranks))
+    return calibrated_times(int(nranks), int(count), dtype, params_for(params, nranks, layout))
 
 
 def _params_or_default(params):
@@ -119,8 +153,8 @@ def _params_or_default(params):
     return params
 
 
-def choose(nranks, count, dtype, op="sum", params=None):
-    """Name of the algorithm predicted fastest: what ``algorithm="auto"`` runs.
+def choose(nranks, count, dtype, op="sum", params=None, layout=None):
+    """Name of the algorithm predicted fastest: what ``algorithm="auto"`` tries first.
 
     A pure function of its arguments, so ranks holding the same parameters
     choose the same algorithm.  The op is accepted for the interface but does
@@ -133,6 +167,8 @@ def choose(nranks, count, dtype, op="sum", params=None):
         op: reduction (name or MPI op), validated.
         params: from :func:`load_params` (whole file or one N); None loads
             the default calibration once per process.
+        layout: where the ranks run (:class:`~pycollective.model.topology.Layout`);
+            default one node with one core per rank.
 
     Returns:
         A registered algorithm name.
@@ -145,4 +181,4 @@ def choose(nranks, count, dtype, op="sum", params=None):
     dtype = np.dtype(dtype)
     params = _params_or_default(params)
     check_args(nranks, count, params["alpha"], params["beta"], params["gamma"], dtype.itemsize)
-    return fastest(int(nranks), int(count), dtype, params_for(params, nranks))
+    return fastest(int(nranks), int(count), dtype, params_for(params, nranks, layout))

@@ -101,7 +101,7 @@ def fit_two_regimes(sizes, times, small=SMALL_BYTES, large=LARGE_BYTES):
 CURVE_MIN_BYTES = 1 << 14  # below this the per-byte part is too small to measure
 
 
-def fit_corrections(nranks, measured, params, dtype="float32", smooth=1):
+def fit_corrections(nranks, measured, params, dtype="float32", smooth=1, layout=None):
     """Measured ÷ modelled time of every algorithm at every measured size.
 
     The α-β-γ cost (with this N's α and the per-size β, γ) is what the
@@ -119,12 +119,14 @@ def fit_corrections(nranks, measured, params, dtype="float32", smooth=1):
         dtype: dtype of the measurements.
         smooth: below CURVE_MIN_BYTES, each ratio is averaged with this many
             neighbours on each side (also below CURVE_MIN_BYTES).
+        layout: where the measured ranks ran (the model prices links between
+            nodes with the calibration's ``inter``); default one node.
 
     Returns:
         ``{name: [[bytes, ratio], ...]}`` for every measured algorithm that
         has a cost model, sizes ascending.
     """
-    flat = params_for({k: v for k, v in params.items() if k != "by_nranks"}, nranks)
+    flat = params_for({k: v for k, v in params.items() if k != "by_nranks"}, nranks, layout)
     dtype = np.dtype(dtype)
     o = measured["overhead"]
     out = {}

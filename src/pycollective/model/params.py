@@ -1,11 +1,18 @@
-"""Calibrated parameters of the model: defaults, load, save, validation, per-N interpolation.
+"""Parameters of the model: built-in defaults, calibration files, per-N and per-machine values.
 
 A calibration file is JSON at ``$PYCOLLECTIVE_MODEL`` if set, else
 ``$XDG_CACHE_HOME/pycollective/model.json`` (``~/.cache/pycollective/model.json``).
 Everything is stored per communicator size N, because oversubscribed ranks
 (8 ranks on 2 cores) see a much larger α than 2 ranks do; sizes that were
 not calibrated are interpolated linearly in N (and clamped outside the
-calibrated range).
+calibrated range).  A calibration made across nodes also holds the links
+between nodes (``inter``: α and β measured between node leaders) and the
+number of nodes it was made on.
+
+Without a file the model uses built-in defaults (:data:`DEFAULTS`), scaled
+for the machine the communicator runs on (:func:`params_for` with a
+:class:`~pycollective.model.topology.Layout`): how many ranks share a core
+and how large a core's cache is.
 """
 
 import bisect
@@ -16,20 +23,51 @@ import stat
 import tempfile
 
 from .. import _env
+from .topology import one_node
 
-__all__ = ["DEFAULTS", "default_path", "load_params", "save_params", "params_for",
-           "merge_calibration", "value_at"]
+__all__ = ["DEFAULTS", "BUILTIN", "default_path", "load_params", "save_params", "params_for",
+           "merge_calibration", "value_at", "builtin_params", "ANY_DTYPE", "read_text",
+           "write_json"]
 
 
-# Used when no calibration file exists: `--calibrate` at N = 2 on the 2-core
-# development machine (MPICH 5 shared memory; β and γ for data out of
-# cache, see the README).  Only their ratios matter for choosing, and they
-# are of the right order for any shared-memory node.
+# The built-in model, for a machine without a calibration file.  From
+# calibrations on the 2-core development machine (MPICH 5 shared memory,
+# benchmarks/results/2026-11-29T1033Z/model.json) at one rank per core;
+# :func:`params_for` scales them for oversubscription and cache.
 DEFAULTS = {
-    "alpha": 3.0e-6,     # s per message (mpi4py Sendrecv through Python)
-    "beta": 1.0e-10,     # s per byte sent (about 10 GB/s)
-    "gamma": 1.1e-10,    # s per byte reduced (numba sum of float32, from memory)
+    "alpha": 2.1e-6,     # s per message (mpi4py Sendrecv through Python), one rank per core
+    "beta": 8.6e-11,     # s per byte sent (about 12 GB/s), data out of cache
+    "gamma": 1.7e-10,    # s per byte reduced (numba sum of float32), data out of cache
 }
+
+#: The rest of the built-in model.  ``gamma_in_cache``: the kernels on data in
+#: a core's cache (0.03 ns/B against 0.17 from memory); ``gamma_float16``:
+#: float16 is reduced on bit patterns, 65x slower per byte and compute bound;
+#: ``inter_*``: links between nodes when none were measured (about a 10-25
+#: Gbit/s network through TCP: α 15 µs, 2 GB/s); ``cache_bytes``: a core's
+#: private cache when the machine does not say (the data fit below half of it
+#: and miss from 8x it, as the kernels measured here).  ``alpha_per_rank``,
+#: ``beta_power``, ``gamma_power``: with r ranks per core, α grows as
+#: 1 + 3(r - 1), β as r^1.4 and γ as r^0.8 (calibrations at r = 1, 2, 4 here:
+#: α 2.1, 8.5, 20 µs; β 0.086, 0.22, 0.58 ns/B; γ 0.17, 0.31, 0.45 ns/B).
+BUILTIN = {
+    "gamma_in_cache": 3.0e-11,
+    "gamma_float16": 1.1e-8,
+    "inter_alpha": 15e-6,
+    "inter_beta": 5e-10,
+    "cache_bytes": 2 << 20,
+    "alpha_per_rank": 3.0,
+    "beta_power": 1.4,
+    "gamma_power": 0.8,
+}
+
+#: Key of ``gamma_curves`` for every dtype without a curve or γ of its own.
+ANY_DTYPE = "*"
+
+
+def builtin_params(source):
+    """The built-in parameters, marked as such (only they are scaled for the machine)."""
+    return dict(DEFAULTS, source=source, builtin=True)
 
 
 def default_path():
@@ -56,7 +94,7 @@ def default_path():
 
 MAX_FILE_BYTES = 8 << 20
 _MEASUREMENTS = ("nranks", "residual", "exchange", "kernel", "algorithms", "machine", "created",
-                 "version")
+                 "version", "layout", "inter_exchange")
 
 
 def _number(d, key, where, required=True):
@@ -104,6 +142,16 @@ def _clean_entry(data, where):
         out["beta_curve"] = _curve(data["beta_curve"], f"{where}: beta_curve")
     out["gamma_curves"] = _named(data, "gamma_curves", where, _curve)
     out["corrections"] = _named(data, "corrections", where, _curve)
+    inter = data.get("inter")
+    if inter is not None:
+        if not isinstance(inter, dict):
+            raise ValueError(f"{where}: 'inter' must be an object with alpha and beta")
+        out["inter"] = {key: _number(inter, key, f"{where}: inter") for key in ("alpha", "beta")}
+    nodes = data.get("nodes")
+    if nodes is not None:
+        if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
+            raise ValueError(f"{where}: 'nodes' must be a whole number >= 1, got {nodes!r}")
+        out["nodes"] = nodes
     return out
 
 
@@ -129,26 +177,33 @@ def _clean(data, where, keep_measurements=False):
     return out
 
 
-def _read(path):
-    """The text of a regular file of at most MAX_FILE_BYTES (never blocks on a FIFO)."""
+def read_text(path, what="calibration"):
+    """The text of a regular file of at most MAX_FILE_BYTES (never blocks on a FIFO).
+
+    Raises:
+        FileNotFoundError: there is no such file.
+        ValueError: anything else that keeps it from being read, named.
+    """
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
     try:
         fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise
     except OSError as exc:
-        raise ValueError(f"cannot read calibration {path}: {exc.strerror}") from None
+        raise ValueError(f"cannot read {what} {path}: {exc.strerror}") from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise ValueError(f"calibration {path} is not a regular file")
+            raise ValueError(f"{what} {path} is not a regular file")
         if info.st_size > MAX_FILE_BYTES:
-            raise ValueError(f"calibration {path} has {info.st_size} bytes, more than a "
-                             f"calibration ever needs ({MAX_FILE_BYTES})")
+            raise ValueError(f"{what} {path} has {info.st_size} bytes, more than a "
+                             f"{what} ever needs ({MAX_FILE_BYTES})")
         data = os.read(fd, MAX_FILE_BYTES + 1)
         if len(data) > MAX_FILE_BYTES:
-            raise ValueError(f"calibration {path} grew past {MAX_FILE_BYTES} bytes")
+            raise ValueError(f"{what} {path} grew past {MAX_FILE_BYTES} bytes")
         return data.decode("utf-8")
     except UnicodeDecodeError:
-        raise ValueError(f"calibration {path} is not UTF-8 text") from None
+        raise ValueError(f"{what} {path} is not UTF-8 text") from None
     finally:
         os.close(fd)
 
@@ -176,9 +231,12 @@ def load_params(path=None, *, nranks=None, keep_measurements=False):
     """
     path = default_path() if path is None else os.fspath(path)
     if not os.path.lexists(path):
-        params = dict(DEFAULTS, source=f"defaults (no calibration at {path})")
+        params = builtin_params(f"defaults (no calibration at {path})")
     else:
-        text = _read(path)
+        try:
+            text = read_text(path)
+        except FileNotFoundError:  # a link to nothing
+            raise ValueError(f"cannot read calibration {path}: no such file") from None
         try:
             data = json.loads(text)
         except (ValueError, RecursionError) as exc:
@@ -232,26 +290,59 @@ def value_at(curve, nbytes, default):
     return y0 + (y1 - y0) * math.log(nbytes / x0) / math.log(x1 / x0)
 
 
-def params_for(params, nranks):
-    """The α, β, γ of ``params`` for a communicator of ``nranks`` ranks.
+def _scaled_builtin(out, layout):
+    """The built-in parameters for ``layout``: oversubscription and cache accounted for."""
+    b = BUILTIN
+    r = layout.ranks_per_core
+    out["alpha"] = DEFAULTS["alpha"] * (1 + b["alpha_per_rank"] * (r - 1))
+    out["beta"] = DEFAULTS["beta"] * r ** b["beta_power"]
+    out["gamma"] = gamma_out = DEFAULTS["gamma"] * r ** b["gamma_power"]
+    # Ranks that share a core share its cache (and evict each other's data).
+    cache = (layout.cache_bytes or b["cache_bytes"]) / r
+    gamma_in = min(b["gamma_in_cache"], gamma_out)
+    out["gamma_curves"] = {ANY_DTYPE: [[max(1.0, cache / 2), gamma_in], [8 * cache, gamma_out]]}
+    # float16 is compute bound: it slows down with the share of a core.
+    out["gamma_by_dtype"] = {"float16": b["gamma_float16"] * r}
+    return out
+
+
+def params_for(params, nranks, layout=None):
+    """The α, β, γ of ``params`` for a communicator of ``nranks`` ranks placed as ``layout``.
 
     Calibrated sizes are used as measured; others are interpolated linearly
     in N between the neighbouring calibrated sizes, and clamped to the
     nearest one outside the calibrated range (oversubscription makes
-    extrapolation meaningless).  Parameters without ``by_nranks`` (the
-    defaults, a hand-written file) are returned as they are.
+    extrapolation meaningless).  The built-in defaults
+    (:func:`builtin_params`) are scaled for ``layout``'s ranks per core and
+    cache; a hand-written file without ``by_nranks`` is used as it is.
+
+    Args:
+        params: from :func:`load_params`.
+        nranks: communicator size N.
+        layout: where the ranks run (default: one node, one core per rank).
 
     Returns:
-        dict with ``alpha``, ``beta``, ``gamma``, ``gamma_by_dtype``, ``source``.
+        dict with ``alpha``, ``beta``, ``gamma``, ``gamma_by_dtype``,
+        ``gamma_curves``, ``beta_curve``, ``overhead``, ``corrections``,
+        ``inter`` ((α, β) between nodes), ``nodes`` (how many nodes the
+        calibration was made on), ``layout`` and ``source``.
     """
+    layout = one_node(nranks) if layout is None else layout
     by_n = params.get("by_nranks") or {}
+    inter = params.get("inter") or {}
     out = {"alpha": params["alpha"], "beta": params["beta"], "gamma": params["gamma"],
            "gamma_by_dtype": dict(params.get("gamma_by_dtype") or {}),
            "overhead": params.get("overhead", 0.0),
            "corrections": dict(params.get("corrections") or {}),
            "beta_curve": params.get("beta_curve"),
            "gamma_curves": dict(params.get("gamma_curves") or {}),
+           "inter": (inter.get("alpha", BUILTIN["inter_alpha"]),
+                     inter.get("beta", BUILTIN["inter_beta"])),
+           "nodes": params.get("nodes", 1),
+           "layout": layout,
            "source": params.get("source", "given")}
+    if params.get("builtin"):
+        return _scaled_builtin(out, layout)
     if not by_n:
         return out
     ns = sorted(int(n) for n in by_n)
@@ -263,6 +354,13 @@ def params_for(params, nranks):
     out["gamma_by_dtype"] = {
         dt: _interp(nranks, ns, [e["gamma_by_dtype"][dt] for e in entries]) for dt in dtypes}
     out["beta_curve"] = _interp_curves(nranks, ns, [e.get("beta_curve") for e in entries])
+    # Links between nodes and the number of nodes: from the nearest N measured across nodes.
+    nearest = sorted(zip(ns, entries), key=lambda ne: (abs(ne[0] - nranks), ne[0]))
+    across = next((e for _, e in nearest if e.get("inter")), None)
+    if across is not None:
+        out["inter"] = (across["inter"]["alpha"], across["inter"]["beta"])
+    out["nodes"] = nearest[0][1].get("nodes", 1)
+
     def curves(field, keys):
         """``{key: curve}`` of ``entry[field][key]`` interpolated in N, where any N has one."""
         found = {}
@@ -292,11 +390,23 @@ def save_params(params, path=None):
         ValueError: if ``params`` is not a valid calibration.
     """
     path = default_path() if path is None else os.fspath(path)
-    data = {k: v for k, v in params.items() if k != "source"}
+    data = {k: v for k, v in params.items() if k not in ("source", "builtin")}
     _clean(data, "params")
+    return write_json(data, path)
+
+
+def write_json(data, path):
+    """Write ``data`` as JSON to ``path`` atomically; return the path.
+
+    The file is written to a new temporary file in the same directory
+    (created exclusively, mode 0600, never through an existing name or link)
+    and renamed over ``path``, so readers never see half a file and a planted
+    link cannot redirect the write.
+    """
+    path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".model-", suffix=".json.tmp", dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=".pycollective-", suffix=".json.tmp", dir=directory)
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=1, sort_keys=True)
@@ -325,4 +435,5 @@ def merge_calibration(existing, entry):
             "alpha": low["alpha"], "beta": low["beta"], "gamma": low["gamma"],
             "gamma_by_dtype": dict(low.get("gamma_by_dtype") or {}),
             "overhead": low.get("overhead", 0.0),
-            "corrections": dict(low.get("corrections") or {})}
+            "corrections": dict(low.get("corrections") or {}),
+            **{k: low[k] for k in ("inter", "nodes") if k in low}}

@@ -1,0 +1,267 @@
+"""Self-tuning for ``algorithm="auto"``: which algorithms to time, and how to decide from the times.
+
+The model ranks the algorithms; on a machine it has never measured, or
+across nodes whose links it only guesses, its first choice can be far off.
+So ``auto`` times the few it ranks best on the user's own calls before it
+settles.  This module is the bookkeeping of that, and nothing else: it sends
+no message and measures nothing.  :mod:`pycollective._auto` runs the trials
+on the real communicator, each a complete, correct allreduce of the caller's
+data, times them, agrees on the times across ranks (the slowest rank's) and
+feeds the agreed times here, so every rank reaches the same decision.
+
+Per (size class, dtype, op) -- a size class is one octave of bytes per
+rank, ``[2^(k-1), 2^k)`` -- a :class:`Tuner`:
+
+* takes the model's :data:`CANDIDATES` best (fewer if fewer can run), and
+  one more when the model puts it within :data:`TIE` of its best: the bare
+  model often cannot tell such algorithms apart (on one node several of them
+  move the same bytes);
+* runs rounds; in each round every candidate still in the race serves one
+  call, in the model's order; the round's times are agreed in one small MAX
+  reduction at its end;
+* after the second round drops the candidates slower than :data:`PRUNE`
+  times the best so far (their best time against the best time), and stops
+  when one is left or after its rounds: :data:`MIN_ROUNDS` for calls the
+  model predicts to take more than :data:`SHORT_CALL` seconds, up to
+  :data:`MAX_ROUNDS` for shorter ones, whose timings are noisier and whose
+  trials cost almost nothing;
+* picks the candidate with the smallest lower median of its agreed times
+  (ties: the model's order).  The lower median ignores a first call that
+  built the algorithm's state (windows, sub-communicators) and any one call
+  that another process slowed down.
+
+So a class costs at most ``MAX_CANDIDATES * MAX_ROUNDS`` = 28 trial calls (12
+for calls longer than 1 ms), every one of them a useful allreduce; what tuning
+costs is only the time the slower candidates took beyond the winner's, which
+:class:`Decision` reports (``cost``).  Calls of another count of the same
+class, made while a class is being tuned, run the model's first choice and
+are not timed, so that only times of equal calls are compared.
+
+Decisions can be kept in a JSON file and reloaded (``PYCOLLECTIVE_AUTO=FILE``):
+:func:`load_decisions`, :func:`save_decision`.
+"""
+
+import json
+import math
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+from .params import read_text, write_json
+
+__all__ = ["CANDIDATES", "MAX_CANDIDATES", "TIE", "MIN_ROUNDS", "MAX_ROUNDS", "SHORT_CALL",
+           "PRUNE", "MAX_TRIALS", "candidates", "size_class",
+           "class_bounds", "rounds_for", "Tuner", "Decision", "load_decisions",
+           "save_decision", "decision_key"]
+
+CANDIDATES = 3
+MAX_CANDIDATES = 4
+TIE = 1.25
+MIN_ROUNDS = 3
+MAX_ROUNDS = 7
+SHORT_CALL = 1e-3
+PRUNE = 1.5
+MAX_TRIALS = MAX_CANDIDATES * MAX_ROUNDS  # trial calls of one class, at most
+
+
+def candidates(ranking: Sequence[Tuple[str, float]], count: int = CANDIDATES,
+               most: int = MAX_CANDIDATES, tie: float = TIE) -> List[Tuple[str, float]]:
+    """The model's ``count`` best, and more up to ``most`` predicted within ``tie`` of the best."""
+    ranking = list(ranking)
+    if not ranking:
+        return []
+    best = ranking[0][1]
+    chosen = ranking[:max(1, count)]
+    chosen += [(n, t) for n, t in ranking[len(chosen):most] if t <= tie * best]
+    return chosen
+
+
+def size_class(nbytes: int) -> int:
+    """The octave of ``nbytes``: class k holds ``[2^(k-1), 2^k)`` bytes (class 0: empty)."""
+    return int(nbytes).bit_length()
+
+
+def class_bounds(k: int) -> Tuple[int, int]:
+    """Smallest and largest byte count of class ``k``."""
+    return (0, 0) if k == 0 else (1 << (k - 1), (1 << k) - 1)
+
+
+def rounds_for(predicted: float) -> int:
+    """Rounds of trials for calls the model predicts to take ``predicted`` seconds."""
+    if predicted >= SHORT_CALL:
+        return MIN_ROUNDS
+    if predicted <= SHORT_CALL / 10:
+        return MAX_ROUNDS
+    # in between, fewer rounds the longer the call
+    share = math.log10(SHORT_CALL / predicted)  # 0 .. 1
+    return MIN_ROUNDS + int(round(share * (MAX_ROUNDS - MIN_ROUNDS)))
+
+
+def _lower_median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    return ordered[(len(ordered) - 1) // 2]
+
+
+class Decision(NamedTuple):
+    """What ``auto`` runs for one (size class, dtype, op), and why.
+
+    Attributes:
+        algorithm: the registered name.
+        how: "tuned" (timed trials), "model" (the model's choice, no
+            trials), or "file" (read from a decisions file).
+        count: the count the trials ran at (0 if none).
+        times: ``{candidate: agreed lower median, seconds}`` of the trials.
+        predicted: ``{candidate: the model's prediction, seconds}``.
+        calls: trial calls made.
+        spent: total time of those calls (agreed, seconds).
+    """
+
+    algorithm: str
+    how: str
+    count: int = 0
+    times: Dict[str, float] = {}
+    predicted: Dict[str, float] = {}
+    calls: int = 0
+    spent: float = 0.0
+
+    @property
+    def cost(self) -> float:
+        """Seconds the trials took beyond what as many calls of the winner take."""
+        best = self.times.get(self.algorithm)
+        return max(0.0, self.spent - self.calls * best) if best is not None else 0.0
+
+    def describe(self) -> str:
+        """One line: the choice and what it rests on."""
+        if self.how != "tuned":
+            source = "from the decisions file" if self.how == "file" else "the model"
+            return f"{self.algorithm} ({source})"
+        trials = ", ".join(f"{n} {self.times[n] * 1e6:.4g} us" if n in self.times else
+                           f"{n} dropped" for n in self.predicted)
+        return (f"{self.algorithm} (tuned at M={self.count}: {trials}; {self.calls} calls, "
+                f"{self.cost * 1e6:.4g} us beyond the winner)")
+
+
+class Tuner:
+    """The trials of one (size class, dtype, op), fed the agreed time of each round.
+
+    Args:
+        ranking: ``[(name, predicted seconds)]`` fastest first (the model's).
+        count: the element count the trials run at.
+        rounds: rounds of trials (default :func:`rounds_for` the best prediction).
+    """
+
+    def __init__(self, ranking: Sequence[Tuple[str, float]], count: int,
+                 rounds: Optional[int] = None):
+        chosen = candidates(ranking)
+        if not chosen:
+            raise ValueError("nothing to tune: no candidate")
+        self.count = int(count)
+        self.predicted = dict(chosen)
+        self.alive: List[str] = [name for name, _ in chosen]
+        self.rounds = rounds_for(chosen[0][1]) if rounds is None else max(1, int(rounds))
+        self.samples: Dict[str, List[float]] = {name: [] for name in self.alive}
+        self.round = 0
+        self.position = 0
+        self.calls = 0
+        self.spent = 0.0
+        self.decision: Optional[Decision] = None
+        if len(self.alive) == 1:
+            self.decision = Decision(self.alive[0], "model", self.count, {}, self.predicted)
+
+    def next(self) -> str:
+        """The candidate that serves the next trial call."""
+        return self.alive[self.position]
+
+    def ran(self) -> bool:
+        """Count one trial call; True when it ended a round (agree and :meth:`feed` now)."""
+        self.position += 1
+        self.calls += 1
+        return self.position == len(self.alive)
+
+    def feed(self, agreed: Sequence[float]) -> Optional[Decision]:
+        """The round's agreed times, one per candidate still in the race, in order.
+
+        Returns:
+            The :class:`Decision` once the tuning is over, else None.
+        """
+        if len(agreed) != len(self.alive):
+            raise ValueError(f"expected {len(self.alive)} times, got {len(agreed)}")
+        for name, t in zip(self.alive, agreed):
+            self.samples[name].append(float(t))
+            self.spent += float(t)
+        self.round += 1
+        self.position = 0
+        if self.round >= 2 and len(self.alive) > 1:
+            best = min(min(self.samples[n]) for n in self.alive)
+            self.alive = [n for n in self.alive if min(self.samples[n]) <= PRUNE * best]
+        if self.round >= self.rounds or len(self.alive) == 1:
+            order = {name: i for i, name in enumerate(self.predicted)}
+            stats = {n: _lower_median(self.samples[n]) for n in self.predicted if self.samples[n]}
+            winner = min(self.alive, key=lambda n: (stats[n], order[n]))
+            times = {n: stats[n] for n in self.alive}
+            self.decision = Decision(winner, "tuned", self.count, times, self.predicted,
+                                     self.calls, self.spent)
+        return self.decision
+
+
+# --- decisions kept in a file ------------------------------------------------------------------
+
+_VERSION = 1
+
+
+def decision_key(nranks: int, nodes: Sequence[int], klass: int, dtype: str, op: str) -> tuple:
+    """What a kept decision applies to: the communicator's shape and the call's."""
+    return (int(nranks), tuple(int(n) for n in nodes), int(klass), str(dtype), str(op))
+
+
+def _entry_key(entry, where):
+    try:
+        key = decision_key(entry["nranks"], entry["nodes"], entry["class"], entry["dtype"],
+                           entry["op"])
+        if not isinstance(entry["algorithm"], str):
+            raise TypeError
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"{where}: each decision needs nranks, nodes, class, dtype, op and "
+                         "algorithm") from None
+    return key
+
+
+def load_decisions(path) -> Dict[tuple, dict]:
+    """``{decision_key: entry}`` from a decisions file; ``{}`` if it does not exist.
+
+    Raises:
+        ValueError: a file that is not a decisions file (the message names it).
+    """
+    try:
+        text = read_text(path, "decisions")
+    except FileNotFoundError:
+        return {}
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise ValueError(f"cannot read decisions {path}: {type(exc).__name__}: "
+                         f"{str(exc)[:200]}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("decisions"), list):
+        raise ValueError(f"{path}: expected {{\"decisions\": [...]}}")
+    out = {}
+    for entry in data["decisions"]:
+        if not isinstance(entry, dict):
+            raise ValueError(f"{path}: each decision must be an object")
+        out[_entry_key(entry, path)] = {k: entry[k] for k in (
+            "nranks", "nodes", "class", "min_bytes", "max_bytes", "dtype", "op", "algorithm",
+            "how", "count", "times_us", "predicted_us", "calls") if k in entry}
+    return out
+
+
+def save_decision(path, nranks: int, nodes: Sequence[int], klass: int, dtype: str, op: str,
+                  decision: Decision) -> None:
+    """Add (or replace) one decision in the file at ``path`` (written whole, atomically)."""
+    kept = load_decisions(path)
+    lo, hi = class_bounds(klass)
+    entry = {"nranks": int(nranks), "nodes": [int(n) for n in nodes], "class": int(klass),
+             "min_bytes": lo, "max_bytes": hi, "dtype": str(dtype), "op": str(op),
+             "algorithm": decision.algorithm, "how": decision.how, "count": decision.count,
+             "times_us": {n: t * 1e6 for n, t in decision.times.items()},
+             "predicted_us": {n: t * 1e6 for n, t in decision.predicted.items()},
+             "calls": decision.calls}
+    kept[decision_key(nranks, nodes, klass, dtype, op)] = entry
+    ordered = [kept[k] for k in sorted(kept)]
+    write_json({"version": _VERSION, "decisions": ordered}, path)

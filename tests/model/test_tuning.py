@@ -1,0 +1,137 @@
+"""Self-tuning bookkeeping (pycollective.model.tuning): candidates, rounds, pruning, decisions."""
+
+import json
+
+import pytest
+
+from pycollective.model import tuning
+from pycollective.model.tuning import Decision, Tuner
+
+RANKING = [("shm", 1e-5), ("butterfly", 1.2e-5), ("ring", 2e-5), ("naive", 3e-5)]
+
+
+def _run(tuner, times_of):
+    """Feed ``tuner`` rounds of the given per-candidate times until it decides; the calls made."""
+    order = []
+    while tuner.decision is None:
+        name = tuner.next()
+        order.append(name)
+        if tuner.ran():
+            tuner.feed([times_of[n][tuner.round] for n in tuner.alive])
+    return order
+
+
+def test_size_classes_are_octaves_of_bytes():
+    assert tuning.size_class(0) == 0
+    assert [tuning.size_class(b) for b in (1, 2, 3, 4, 7, 8)] == [1, 2, 2, 3, 3, 4]
+    for k in range(1, 40):
+        lo, hi = tuning.class_bounds(k)
+        assert tuning.size_class(lo) == tuning.size_class(hi) == k
+        assert tuning.size_class(hi + 1) == k + 1
+
+
+def test_rounds_grow_for_short_calls_within_the_stated_bounds():
+    assert tuning.rounds_for(1.0) == tuning.rounds_for(tuning.SHORT_CALL) == tuning.MIN_ROUNDS
+    assert tuning.rounds_for(1e-6) == tuning.MAX_ROUNDS
+    values = [tuning.rounds_for(10 ** -e) for e in range(2, 8)]
+    assert values == sorted(values)
+    assert all(tuning.MIN_ROUNDS <= v <= tuning.MAX_ROUNDS for v in values)
+
+
+def test_tuner_tries_the_model_s_best_few_in_order_and_keeps_the_fastest():
+    tuner = Tuner(RANKING, count=1000, rounds=3)
+    assert tuner.alive == ["shm", "butterfly", "ring"]  # CANDIDATES = 3, model order
+    # naive's prediction is 3x the best: the model can tell it apart
+    times = {"shm": [5, 5, 5], "butterfly": [4, 4.1, 3.9], "ring": [4.5, 4.4, 4.6]}
+    order = _run(tuner, times)
+    assert order[:3] == ["shm", "butterfly", "ring"]
+    d = tuner.decision
+    assert d.algorithm == "butterfly" and d.how == "tuned" and d.count == 1000
+    assert d.calls == len(order) <= tuning.CANDIDATES * 3
+    assert d.times["butterfly"] == 4  # the lower median of 4, 4.1, 3.9
+
+
+def test_a_first_slow_call_does_not_decide():
+    # The first call of an algorithm builds its state (windows, communicators).
+    tuner = Tuner(RANKING[:2], count=10, rounds=3)
+    _run(tuner, {"shm": [90, 1, 1], "butterfly": [2, 2, 2]})
+    assert tuner.decision.algorithm == "shm"
+
+
+def test_slow_candidates_are_dropped_after_two_rounds():
+    tuner = Tuner(RANKING, count=10, rounds=5)
+    order = _run(tuner, {"shm": [1] * 5, "butterfly": [1.1] * 5, "ring": [9] * 5})
+    assert order.count("ring") == 2 and order.count("shm") == 5
+    assert "ring" not in tuner.decision.times
+    assert tuner.decision.algorithm == "shm"
+
+
+def test_one_candidate_left_ends_the_tuning():
+    tuner = Tuner(RANKING, count=10, rounds=7)
+    order = _run(tuner, {"shm": [1] * 7, "butterfly": [5] * 7, "ring": [5] * 7})
+    assert len(order) == 6 and tuner.decision.algorithm == "shm"
+
+
+def test_ties_go_to_the_model_s_order_and_the_result_is_deterministic():
+    times = {"shm": [2, 2, 2], "butterfly": [2, 2, 2], "ring": [2, 2, 2]}
+    decisions = []
+    for _ in range(3):
+        tuner = Tuner(RANKING, count=10, rounds=3)
+        _run(tuner, times)
+        decisions.append(tuner.decision)
+    assert decisions[0] == decisions[1] == decisions[2] and decisions[0].algorithm == "shm"
+
+
+def test_a_single_candidate_is_decided_without_trials():
+    tuner = Tuner(RANKING[:1], count=10)
+    assert tuner.decision == Decision("shm", "model", 10, {}, {"shm": 1e-5})
+
+
+def test_tuning_cost_is_the_time_beyond_the_winner():
+    tuner = Tuner(RANKING[:2], count=10, rounds=2)
+    _run(tuner, {"shm": [3, 3], "butterfly": [1, 1]})
+    d = tuner.decision
+    assert d.spent == 8 and d.calls == 4 and d.cost == 8 - 4 * 1
+    assert "butterfly" in d.describe() and "4 calls" in d.describe()
+
+
+def test_feed_checks_its_length():
+    tuner = Tuner(RANKING, count=10)
+    with pytest.raises(ValueError, match="expected 3 times"):
+        tuner.feed([1.0])
+
+
+def test_decisions_file_round_trip(tmp_path):
+    path = tmp_path / "sub" / "decisions.json"
+    assert tuning.load_decisions(path) == {}
+    d = Decision("hierarchical", "tuned", 1000, {"hierarchical": 1e-4, "ring": 2e-4},
+                 {"hierarchical": 3e-4, "ring": 1e-4}, 9, 2e-3)
+    tuning.save_decision(path, 4, (2, 2), 12, "float32", "sum", d)
+    tuning.save_decision(path, 4, (2, 2), 13, "float32", "sum", d._replace(algorithm="ring"))
+    tuning.save_decision(path, 4, (2, 2), 12, "float32", "sum", d._replace(algorithm="ring"))
+    kept = tuning.load_decisions(path)
+    assert len(kept) == 2  # the class 12 entry was replaced
+    entry = kept[tuning.decision_key(4, (2, 2), 12, "float32", "sum")]
+    assert entry["algorithm"] == "ring"
+    assert entry["min_bytes"] == 2048 and entry["max_bytes"] == 4095
+    assert entry["times_us"]["hierarchical"] == pytest.approx(100.0)
+
+
+@pytest.mark.parametrize("content", ["{not json", "[]", json.dumps({"decisions": [1]}),
+                                     json.dumps({"decisions": [{"nranks": 2}]})])
+def test_a_bad_decisions_file_is_a_clear_error(tmp_path, content):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match="bad.json"):
+        tuning.load_decisions(path)
+
+
+def test_a_fourth_candidate_when_the_model_cannot_tell_it_from_the_best():
+    close = [("ring", 1.0), ("rabenseifner", 1.0), ("ring_pipelined", 1.0), ("shm", 1.2),
+             ("tree", 1.2)]
+    assert [n for n, _ in tuning.candidates(close)] == ["ring", "rabenseifner",
+                                                        "ring_pipelined", "shm"]
+    apart = [("ring", 1.0), ("rabenseifner", 1.0), ("ring_pipelined", 1.0), ("shm", 2.0)]
+    assert len(tuning.candidates(apart)) == 3
+    assert tuning.candidates([("ring", 1.0)]) == [("ring", 1.0)]
+    assert tuning.MAX_TRIALS == tuning.MAX_CANDIDATES * tuning.MAX_ROUNDS
