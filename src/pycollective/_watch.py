@@ -143,11 +143,15 @@ def describe(fp) -> str:
     what, count, dtype, op, algo, check, segment, timeout = fp
     name = pick(COLLECTIVES, what, "?")
     algos = names(name)
-    fields = [f"count={count}"]
-    if name == "allgather":
-        fields.append(f"itemsize={dtype}")
+    # The gathers and bcast move bytes, not reduced elements: their
+    # fingerprints carry an itemsize (gathers) or nothing (bcast) instead.
+    if name in ("allgather", "allgatherv"):
+        fields = [f"count={count}", f"itemsize={dtype}"]
+    elif name == "bcast":
+        fields = [f"bytes={count}"]
     else:
-        fields += [f"dtype={pick(SUPPORTED_DTYPES, dtype)}", f"op={pick(OPS, op)}"]
+        fields = [f"count={count}", f"dtype={pick(SUPPORTED_DTYPES, dtype)}",
+                  f"op={pick(OPS, op)}"]
     if algos:
         fields.append(f"algorithm={'auto' if algo == len(algos) else pick(algos, algo)}")
     fields += [f"check={'on' if check else 'off'}", f"segment_bytes={segment}",
