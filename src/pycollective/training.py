@@ -491,7 +491,9 @@ class DistributedOptimizer:
             KeyError: no such parameter.
             ValueError: the gradient was already marked in this pass.
         """
-        index = self._key(key)
+        self._mark(self._key(key))
+
+    def _mark(self, index):
         self._begin()
         if self._marked[index]:
             raise ValueError(f"gradient {self._names[index]!r} marked ready twice in one pass")
@@ -513,7 +515,7 @@ class DistributedOptimizer:
         self._begin()
         for index, marked in enumerate(self._marked):
             if not marked:
-                self.ready(index)
+                self._mark(index)
         syncing = self._syncing
         if syncing:
             self._buckets.wait()
