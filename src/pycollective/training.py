@@ -441,6 +441,11 @@ class DistributedOptimizer:
         self._reduced = False       # synchronize() done, step() to apply
 
     @property
+    def nbuckets(self):
+        """How many allreduces one synchronising pass makes."""
+        return self._buckets.nbuckets
+
+    @property
     def params(self):
         """The parameter arrays, as a list in the order the optimizer sees them."""
         return list(self._params)
