@@ -407,7 +407,11 @@ class DistributedOptimizer:
         self.optimizer = optimizer
         self.comm = Comm(MPI.COMM_WORLD) if comm is None else comm
         self.backward_passes_per_step = int(backward_passes_per_step)
-        settings = (f"average {bool(average)}, compress {compress!r}, passes "
+        # What must agree besides the arrays (a compressor by its name: an
+        # object's repr may hold its address, which differs across ranks).
+        label = compress if compress is None or isinstance(compress, str) else \
+            getattr(compress, "name", type(compress).__qualname__)
+        settings = (f"average {bool(average)}, compress {str(label).lower()}, passes "
                     f"{self.backward_passes_per_step}, cap {cap_bytes}, order {order}, "
                     f"overlap {bool(overlap)}")
 

@@ -20,6 +20,7 @@ from mpi4py import MPI
 import pycollective
 from pycollective import (DistributedOptimizer, ReplicaMismatch, broadcast_parameters,
                           check_replicas)
+from pycollective import compression
 from pycollective.zero import Adam
 
 WORLD = MPI.COMM_WORLD
@@ -212,11 +213,13 @@ def test_optimizer_equals_allreduce_average_step_bitwise(overlap):
         assert all(np.array_equal(p, q) for p, q in zip(params, ref)), step
     check_replicas(params, comm=WORLD)
     # rounding data, one bucket per tensor, the same algorithm and compression as by hand
+    # (a compressor object for the wrapper: ranks must agree on it by name, not by address)
     for kw in ({"algorithm": "ring"}, {"algorithm": "tree", "compress": "bf16"}):
         params, ref = _start(), _start()
         comm = pycollective.Comm(WORLD, algorithm=kw["algorithm"])
         opt = DistributedOptimizer(Adam(params, 1e-2), params, comm, cap_bytes=0,
-                                   overlap=overlap, compress=kw.get("compress"))
+                                   overlap=overlap,
+                                   compress=kw.get("compress") and compression.BF16)
         ref_opt = Adam(ref, 1e-2)
         for step in range(2):
             grads = _grads(rank, 10 + step, exact=False)
