@@ -8,18 +8,24 @@ The one line that picks the communicator is in :func:`make_comm`::
 
     comm = MPI.COMM_WORLD if name == "native" else pycollective.Comm(MPI.COMM_WORLD, algorithm=name)
 
-Everything else is ordinary mpi4py code.  Each step, every rank takes its
-shard of the global batch (shards from ``pycollective.partition``), computes
-the gradient of (sum of its samples' losses) / (global batch size), and the
-gradients are summed with ``Allreduce``, so the result is exactly the
-gradient of the mean loss over the global batch, however the batch is split.
+Each rank initialises its model from its own seed (``--seed`` + rank), and
+``pycollective.broadcast_parameters`` then gives every rank rank 0's
+parameters: the replicas start identical because of the broadcast, not
+because of equal seeds.  Each step, every rank takes its shard of the global
+batch (shards from ``pycollective.partition``), computes the gradient of
+(sum of its samples' losses) / (global batch size) into the views of a
+``pycollective.DistributedOptimizer``, which sums the gradients over the
+ranks in buckets (``Allreduce`` on ``comm``) and runs the optimizer, so the
+update uses exactly the gradient of the mean loss over the global batch,
+however the batch is split.
 
 What the script checks, after every step:
-* all ranks hold bitwise-identical parameters (a digest of every parameter
-  byte, gathered from all ranks; a mismatch stops the run);
+* all ranks hold bitwise-identical parameters (``pycollective.check_replicas``:
+  a checksum of every parameter byte, gathered from all ranks; a mismatch
+  stops the run naming the ranks and arrays);
 * the parameters track a single-process model trained on the same global
-  batches from the same seed (run on every rank alongside): the largest
-  difference, relative to the largest parameter, must stay below
+  batches from rank 0's initial parameters (run on every rank alongside):
+  the largest difference, relative to the largest parameter, must stay below
   ``--tolerance`` (default 1e-4 for float32, 1e-10 for float64; only the
   order of the floating-point sums differs).
 
@@ -48,7 +54,6 @@ stage x precision x compression and prints the final test accuracies.
 """
 
 import argparse
-import hashlib
 import os
 import sys
 import time
@@ -60,7 +65,8 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import pycollective  # noqa: E402
-from pycollective import GradientBuckets, partition, zero  # noqa: E402
+from pycollective import DistributedOptimizer, broadcast_parameters, check_replicas  # noqa: E402
+from pycollective import partition, zero  # noqa: E402
 from pycollective.zero import Adam  # noqa: E402,F401  (the numpy Adam ZeRO wraps)
 
 TOLERANCE = {"float32": 1e-4, "float64": 1e-10}
@@ -87,7 +93,7 @@ def load_data(dtype, seed=0, test_fraction=0.2):
 
 
 def init_params(sizes, dtype, seed):
-    """[W1, b1, W2, b2, ...] with He initialisation, identical on every rank."""
+    """[W1, b1, W2, b2, ...] with He initialisation from ``seed``."""
     return zero.MLP(sizes).init(seed, dtype)
 
 
@@ -150,13 +156,6 @@ def accuracy(params, x, y):
     return float((forward(params, x)[2].argmax(axis=1) == y).mean())
 
 
-def digest(params):
-    h = hashlib.blake2b(digest_size=16)
-    for p in params:
-        h.update(p.tobytes())
-    return h.digest()
-
-
 class Reference:
     """The single-process model trained alongside on the whole global batch, for comparison."""
 
@@ -185,8 +184,14 @@ class Reference:
 
 # --- one data-parallel step ---------------------------------------------------------
 
-def step(comm, params, opt, buckets, x, y, batch_size, mode):
-    """Forward, backward and reduction of one shard; returns (loss sum, compute s, comm s)."""
+def step(params, opt, x, y, batch_size, mode):
+    """Forward, backward and reduction of one shard, then the update.
+
+    ``opt`` is a :class:`pycollective.DistributedOptimizer`: the backward
+    pass writes the gradients into ``opt.grads``; in "overlap" mode it also
+    reports each one ready, so a bucket's allreduce starts while the earlier
+    layers are still being differentiated.  Returns (loss sum, compute s, comm s).
+    """
     t0 = time.perf_counter()
     acts, pres, logits = forward(params, x)
     loss, delta = loss_and_delta(logits, y, 1.0 / batch_size)
@@ -195,27 +200,27 @@ def step(comm, params, opt, buckets, x, y, batch_size, mode):
         def ready(i):
             nonlocal t_comm
             t = time.perf_counter()
-            buckets.ready(i)
+            opt.ready(i)
             t_comm += time.perf_counter() - t
-        backward(params, acts, pres, delta, buckets.grads, ready)
+        backward(params, acts, pres, delta, opt.grads, ready)
     else:
-        backward(params, acts, pres, delta, buckets.grads)
+        backward(params, acts, pres, delta, opt.grads)
     t = time.perf_counter()
-    buckets.wait()
+    opt.synchronize()
     t_comm += time.perf_counter() - t
-    opt.step(params, buckets.grads)
+    opt.step()
     return loss, time.perf_counter() - t0 - t_comm, t_comm
 
 
-def make_buckets(comm, params, mode, cap_bytes):
-    shapes = [p.shape for p in params]
+def make_optimizer(comm, params, optimizer, lr, mode, cap_bytes):
+    """The optimizer wrapped to sum the gradients over the ranks in ``mode``'s buckets."""
     if mode == "tensor":  # one allreduce per tensor: the unbucketed baseline
-        return GradientBuckets(shapes, comm, dtype=params[0].dtype, cap_bytes=0,
-                               overlap=False, average=False)
+        cap_bytes = 0
     # average=False: each rank already divided by the global batch size, so
     # the sum is the exact mean gradient whatever the shard sizes are.
-    return GradientBuckets(shapes, comm, dtype=params[0].dtype, cap_bytes=cap_bytes,
-                           overlap=(mode == "overlap"), average=False)
+    return DistributedOptimizer(OPTIMIZERS[optimizer](params, lr), params, comm,
+                                average=False, cap_bytes=cap_bytes,
+                                overlap=(mode == "overlap"))
 
 
 def train(comm, *, epochs=10, batch_size=64, hidden=(64, 64), lr=0.01, optimizer="adam",
@@ -245,36 +250,34 @@ def train(comm, *, epochs=10, batch_size=64, hidden=(64, 64), lr=0.01, optimizer
     tolerance = TOLERANCE[dtype] if tolerance is None else tolerance
     xtr, ytr, xte, yte = load_data(dtype)
     sizes = [xtr.shape[1], *hidden, 10]
-    params = init_params(sizes, dtype, seed)
-    opt = OPTIMIZERS[optimizer](params, lr)
-    buckets = make_buckets(comm, params, mode, cap_bytes)
+    # Every rank draws its own initial parameters; the broadcast makes rank 0's
+    # everyone's (the single-process reference starts from those too).
+    params = init_params(sizes, dtype, seed + rank)
+    broadcast_parameters(params, root=0, comm=comm)
+    opt = make_optimizer(comm, params, optimizer, lr, mode, cap_bytes)
     ref = Reference(sizes, dtype, seed, optimizer, lr, tolerance) if reference else None
     order_rng, nbatches, offset, length = batch_plan(len(ytr), batch_size, comm, seed)
     history, steps = [], 0
     if out is not None and rank == 0:
-        print(f"# {size} rank(s), allreduce={_label(comm)}, mode={mode}, {buckets.nbuckets} "
+        print(f"# {size} rank(s), allreduce={_label(comm)}, mode={mode}, {opt.nbuckets} "
               f"bucket(s), model {sizes}, {optimizer} lr={lr}, global batch {batch_size}, "
               f"{dtype}, tolerance vs single process {tolerance:g}", file=out)
         print(f"{'epoch':>5} {'loss':>8} {'test acc':>8} {'compute s':>9} {'comm s':>8} "
               f"{'max rel dev':>11}", file=out)
-    # Warm-up, not timed: a communicator's first reduction creates the
-    # library's private communicators (and helper thread) and compiles kernels.
-    for g in buckets.grads:
-        g[...] = 0
-    buckets.wait()
+    warm_up(comm, params, mode, cap_bytes)
     for epoch in range(epochs):
         perm = order_rng.permutation(len(ytr))  # same on every rank: same seed
         loss_sum, t_compute, t_comm = 0.0, 0.0, 0.0
         for b in range(nbatches):
             batch = perm[b * batch_size:(b + 1) * batch_size]
             mine = batch[offset:offset + length]
-            loss, tc, tm = step(comm, params, opt, buckets, xtr[mine], ytr[mine], batch_size, mode)
+            loss, tc, tm = step(params, opt, xtr[mine], ytr[mine], batch_size, mode)
             loss_sum += loss
             t_compute += tc
             t_comm += tm
             steps += 1
             # Check, not assume: every rank holds the very same bytes.
-            check_replicas(comm, params, steps)
+            check_replicas(params, comm=comm)
             if ref is not None:
                 ref.step(xtr[batch], ytr[batch], batch_size)
                 ref.check(params, steps)
@@ -290,7 +293,7 @@ def train(comm, *, epochs=10, batch_size=64, hidden=(64, 64), lr=0.01, optimizer
                   f"{dev_text}", file=out)
     return dict(history=history, accuracy=history[-1]["accuracy"] if history else None,
                 max_deviation=ref.max_dev if ref else 0.0, steps=steps,
-                nbuckets=buckets.nbuckets)
+                nbuckets=opt.nbuckets)
 
 
 # --- mixed precision and ZeRO --------------------------------------------------------------
@@ -305,12 +308,11 @@ def batch_plan(ntrain, batch_size, comm, seed):
     return np.random.default_rng(seed + 1), ntrain // batch_size, offset, length
 
 
-def check_replicas(comm, params, step_no):
-    """Raise unless every rank holds bitwise the same ``params`` (a digest, gathered)."""
-    digests = comm.allgather(digest(params))
-    if any(d != digests[0] for d in digests):
-        bad = [r for r, d in enumerate(digests) if d != digests[0]]
-        raise RuntimeError(f"step {step_no}: parameters differ on ranks {bad} from rank 0")
+def warm_up(comm, params, mode, cap_bytes):
+    """One reduction, not timed, on throw-away copies: a communicator's first reduction
+    creates the library's private communicators (and helper thread) and compiles kernels."""
+    copies = [np.zeros_like(p) for p in params]
+    make_optimizer(comm, copies, "sgd", 0.0, mode, cap_bytes).step()
 
 
 def train_zero(comm, *, stage=0, precision="fp32", compress=None, epochs=10, batch_size=64,
@@ -369,7 +371,7 @@ def train_zero(comm, *, stage=0, precision="fp32", compress=None, epochs=10, bat
             loss_sum += loss
             skipped += not applied
             nsteps += 1
-            check_replicas(comm, opt.full_params(), nsteps)
+            check_replicas(opt.full_params(), comm=comm)
             if ref is not None:
                 ref.step(xtr[batch], ytr[batch], batch_size)
                 ends = np.cumsum([p.size for p in ref.params])[:-1]
@@ -474,15 +476,14 @@ def compare(comm, *, steps=50, batch_size=64, hidden=(64, 64), dtype="float32",
     for _ in range(repeats):
         for label, (mode, cap) in variants.items():
             params = [p.copy() for p in base]
-            opt = Adam(params, 1e-3)
-            buckets = make_buckets(comm, params, mode, cap)
-            nb[label] = buckets.nbuckets
-            step(comm, params, opt, buckets, xtr[batches[0]], ytr[batches[0]], batch_size, mode)
+            opt = make_optimizer(comm, params, "adam", 1e-3, mode, cap)
+            nb[label] = opt.nbuckets
+            step(params, opt, xtr[batches[0]], ytr[batches[0]], batch_size, mode)
             comm.Barrier()
             t0 = time.perf_counter()
             waited = 0.0
             for idx in batches:
-                waited += step(comm, params, opt, buckets, xtr[idx], ytr[idx], batch_size, mode)[2]
+                waited += step(params, opt, xtr[idx], ytr[idx], batch_size, mode)[2]
             elapsed = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
             times[label].append(elapsed / steps)
             exposed[label].append(comm.allreduce(waited, op=MPI.MAX) / steps)

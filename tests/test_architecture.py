@@ -30,7 +30,7 @@ LAYERS = [
      "model.params", "model.choice", "model.fit", "model.ledger", "model.topology",
      "model.tuning"},
     {"_collectives"},
-    {"comm", "bucketing", "bench", "bench.*", "model.calibrate", "model.__main__", ""},
+    {"comm", "bucketing", "training", "bench", "bench.*", "model.calibrate", "model.__main__", ""},
     # training built on the library; nothing below imports it
     {"zero", "zero.*"},
 ]

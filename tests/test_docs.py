@@ -239,6 +239,16 @@ def test_example_algorithm_matches_native(tmp_path):
     assert status == 0 and "example algorithm ok" in output, output[-5000:]
 
 
+def test_training_example_runs(tmp_path):
+    """docs/training.md's script at 2 ranks: it fits the line and prints the weights it learnt."""
+    text = (DOCS / "training.md").read_text(encoding="utf-8")
+    code = re.findall(r"```python\n(.*?)```", text.split("## A whole script", 1)[1], re.S)[0]
+    script = tmp_path / "train_linear.py"
+    script.write_text(code + "\nassert np.abs(params['w'].ravel() - np.arange(8)).max() < 1e-3\n")
+    status, output = _launch(2, script)
+    assert status == 0 and "2 ranks: w = [" in output, output[-5000:]
+
+
 if __name__ == "__main__":
     if sys.argv[1:] != ["settings-table"]:
         sys.exit("usage: python tests/test_docs.py settings-table")

@@ -17,16 +17,18 @@ from ._collectives import (algorithms, allgather, allgatherv, allreduce, bcast, 
                            reduce, reduce_scatter, set_check, set_timeout, unusable_algorithms,
                            usable_algorithms)
 from ._errors import (CollectiveError, CollectiveMismatch, CollectiveTimeout, CommunicatorBroken,
-                      ConfigurationError, PeerFailed, StallWarning)
+                      ConfigurationError, PeerFailed, ReplicaMismatch, StallWarning)
 from ._partition import partition
 from .bucketing import GradientBuckets
 from .comm import Comm, Request
+from .training import DistributedOptimizer, broadcast_parameters, check_replicas
 
 __all__ = ["allreduce", "reduce_scatter", "allgather", "allgatherv", "reduce", "bcast",
            "broadcast", "algorithms", "usable_algorithms", "unusable_algorithms", "partition",
-           "set_check", "set_timeout", "Comm", "Request", "GradientBuckets", "CollectiveError",
+           "set_check", "set_timeout", "Comm", "Request", "GradientBuckets",
+           "broadcast_parameters", "check_replicas", "DistributedOptimizer", "CollectiveError",
            "CollectiveTimeout", "CollectiveMismatch", "PeerFailed", "CommunicatorBroken",
-           "ConfigurationError", "StallWarning", "__version__"]
+           "ConfigurationError", "ReplicaMismatch", "StallWarning", "__version__"]
 
 try:
     __version__ = _metadata.version("pycollective")

@@ -10,7 +10,7 @@ the communicator, the communicator and the ranks concerned.
 from typing import Optional, Sequence
 
 __all__ = ["ConfigurationError", "CollectiveError", "CollectiveTimeout", "CollectiveMismatch", "PeerFailed",
-           "CommunicatorBroken", "StallWarning"]
+           "CommunicatorBroken", "StallWarning", "ReplicaMismatch"]
 
 
 class ConfigurationError(ValueError):
@@ -58,3 +58,19 @@ class CommunicatorBroken(CollectiveError):
 
 class StallWarning(RuntimeWarning):
     """A collective has waited longer than ``PYCOLLECTIVE_STALL_WARN_S``; it is still waiting."""
+
+
+class ReplicaMismatch(RuntimeError):
+    """Replicas that should be bitwise identical are not (:func:`pycollective.check_replicas`).
+
+    Raised on every rank; the communicator stays usable.
+
+    Attributes:
+        ranks: the ranks whose arrays differ from the most common replica.
+        arrays: ``{rank: [names or indices of its differing arrays]}``.
+    """
+
+    def __init__(self, message: str, *, ranks: Sequence[int] = (), arrays=None):
+        super().__init__(message)
+        self.ranks = tuple(ranks)
+        self.arrays = dict(arrays or {})
