@@ -4,6 +4,7 @@ No MPI here: the launches themselves are what `benchmarks/peers/run.sh` runs.
 """
 
 import csv
+import json
 import importlib.util
 from pathlib import Path
 
@@ -124,6 +125,31 @@ def test_median_over_rounds_counts_only_right_results(tmp_path):
     text = compare.report(tmp_path).read_text()
     assert "| 2 | 1e1 | 500 ms (shm) | 600 ms (shm) | **2 s** |" in text
     assert "| ✗ | 0.25 | 1.20 |" in text  # Gloo never right; ours / fastest peer; auto / best
+
+
+def test_targets_are_judged_by_size_class_with_the_memory_floor(tmp_path):
+    big, mid, small = 10 ** 7, 10 ** 5, 10 ** 3
+    _points(tmp_path, [
+        (1, "pycollective:shm", 4, big, 0.040, True), (1, "pycollective:auto", 4, big, 0.046, True),
+        (1, "impi", 4, big, 0.050, True),                 # 0.8: met (≤ 1/1.2)
+        (1, "pycollective:shm", 4, mid, 2e-4, True), (1, "openmpi", 4, mid, 1e-4, True),
+        (1, "pycollective:shm", 4, small, 30e-6, True), (1, "mpich", 4, small, 40e-6, True),
+        (1, "impi", 4, small, 10e-6, True)])              # N = 4 small: only MPICH and Open MPI
+    launches = tmp_path / "launches"
+    launches.mkdir()
+    # 3 x 4e7 B at 4 GB/s per rank: a 30 ms floor, so 40 ms is 1.33x (a gap)
+    (launches / "membw_N4.json").write_text(json.dumps({"measurements": [
+        {"name": "together", "nranks": 4, "traffic": 4.0}]}))
+    summary, libraries = compare.aggregate(compare.read_points(tmp_path / "points.csv"))
+    rows, _ = compare.lines_of(summary, libraries)
+    found = {(c, what.split(" (")[0]): v
+             for n, c, what, v in compare.verdicts(rows, compare.floors_of(tmp_path))}
+    assert found[(big, "≥ 1.2x faster than the fastest peer")] == "met: 0.80"
+    assert found[(big, "within 1.25x of the memory floor")].startswith("gap: 1.33")
+    assert found[(big, "auto within 10 % of our best")].startswith("gap: 1.15")
+    assert found[(mid, "at least as fast as the fastest peer")].startswith("gap: 2.00")
+    assert found[(small, "faster than MPICH and Open MPI")] == "met: 0.75"
+    assert "2 of 5 met." in compare.report(tmp_path).read_text()
 
 
 @pytest.mark.parametrize("text, short", [

@@ -287,6 +287,107 @@ def rows_of(contender, json_path, counts):
     return out, library
 
 
+# --- the memory-traffic floor ----------------------------------------------------
+
+#: What bench membw's floor counts per payload byte and rank (pycollective.bench._speed).
+FLOOR_TRAFFIC = 3
+
+
+def measure_floors(args, out):
+    """One ``bench membw`` launch per N in the MPICH environment: every rank copying at once."""
+    status = 0
+    for n in args.ns:
+        json_path = out / "launches" / f"membw_N{n}.json"
+        argv = [str(RUN_MPI), str(n), "-m", "pycollective.bench", "membw", "--quiet",
+                "--json", str(json_path)]
+        extra = {"PYTHON": str(env_python(args.venvs, CONTENDERS["pycollective"])),
+                 "PYCOLLECTIVE_TIMEOUT": str(args.launch_timeout)}
+        with open(out / "commands.txt", "a") as f:
+            f.write(shlex.join(a.replace(str(ROOT) + "/", "") for a in argv) + "\n")
+        wait_quiet(args.wait, args.idle)
+        rc = launch(argv, extra, args.launch_timeout, out / "launches" / f"membw_N{n}.log")
+        print(f"[membw] N={n} exit {rc}", flush=True)
+        status |= rc != 0
+    return status
+
+
+def floors_of(out):
+    """{N: bytes per second per rank while every rank copies}, from the membw launches."""
+    rates = {}
+    for path in sorted((Path(out) / "launches").glob("membw_N*.json")):
+        try:
+            data = json.loads(path.read_text())
+            together = next(m for m in data["measurements"] if m["name"] == "together")
+            rates[int(together["nranks"])] = together["traffic"] * 1e9
+        except (OSError, ValueError, KeyError, StopIteration):
+            continue
+    return rates
+
+
+def floor_time(rates, n, count):
+    """Seconds of memory traffic no allreduce of ``count`` float32 on one node can beat."""
+    return FLOOR_TRAFFIC * 4 * count / rates[n] if n in rates else None
+
+
+# --- the issue's targets -----------------------------------------------------------
+
+def verdicts(rows, rates):
+    """[(N, M, target, verdict)] for the targets of issue 12, from the report's rows."""
+    out = []
+    for r in rows:
+        n, c, best, auto = r["n"], r["c"], r["best"], r["auto"]
+        if not best or not best["time"]:
+            continue
+        t = best["time"]
+        peers = {k: v["time"] for k, v in r["peers"].items() if v and v["time"]}
+        fastest = min(peers.values()) if peers else None
+
+        def ratio(what, limit, value):
+            ok = value <= limit
+            out.append((n, c, what, f"{'met' if ok else 'gap'}: {value:.2f}"
+                        + ("" if ok else f" (target {limit:.2f})")))
+
+        if fastest:
+            if c >= 10 ** 6:
+                ratio("≥ 1.2x faster than the fastest peer (ours / fastest ≤ 0.83)",
+                      1 / 1.2, t / fastest)
+            elif c >= 10 ** 4:
+                ratio("at least as fast as the fastest peer (ours / fastest ≤ 1)", 1.0,
+                      t / fastest)
+            elif n == 2:
+                ratio("within 1.25x of the fastest peer's latency", 1.25, t / fastest)
+            else:
+                rivals = [peers[k] for k in ("mpich", "openmpi") if k in peers]
+                if rivals:
+                    ratio("faster than MPICH and Open MPI (ours / faster of them ≤ 1)", 1.0,
+                          t / min(rivals))
+        floor = floor_time(rates, n, c)
+        if c >= 10 ** 6 and floor:
+            ratio("within 1.25x of the memory floor (best / floor)", 1.25, t / floor)
+        if auto and auto["time"]:
+            ratio("auto within 10 % of our best (auto / best)", 1.10, auto["time"] / t)
+    return out
+
+
+def targets_section(rows, rates):
+    """The report's lines judging every row against the targets."""
+    lines = ["", "## Targets", ""]
+    if rates:
+        lines += [f"Memory floor: {FLOOR_TRAFFIC} bytes of traffic per payload "
+                  "byte and rank (read the input, read the others' data, write the output) at "
+                  "the rate of every rank copying at once (`python -m pycollective.bench membw`): "
+                  + ", ".join(f"N = {n}: {rate / 1e9:.3g} GB/s per rank"
+                              for n, rate in sorted(rates.items())) + ".", ""]
+    else:
+        lines += ["No memory floor measured (run without `--no-membw`).", ""]
+    lines += ["| N | M | target | verdict |", "|---|---|---|---|"]
+    found = verdicts(rows, rates)
+    lines += [f"| {n} | {fmt_count(c)} | {what} | {v} |" for n, c, what, v in found]
+    met = sum(v.startswith("met") for *_, v in found)
+    lines += ["", f"{met} of {len(found)} met."]
+    return lines
+
+
 # --- aggregation ----------------------------------------------------------------
 
 def read_points(path):
@@ -436,6 +537,7 @@ def report(out, args_text=None):
             return "-" if v is None else f"{v:.3g}"
         lines.append(f"| {r['n']} | {fmt_count(r['c'])} | {bw(r['best'])} | {bw(r['auto'])} | "
                      + " | ".join(bw(r["peers"][k]) for k in PEERS) + " |")
+    lines += targets_section(rows, floors_of(out))
     lines += same_launch_tables(summary, libraries)
     # Honesty: spread over rounds, how quiet the machine was, failures.
     lines += ["", "Spread over rounds, (max − min) / median, median over the sizes of each N:", "",
@@ -587,6 +689,8 @@ def parse(argv=None):
                    help="seconds to wait before a launch for a quiet machine (then it goes anyway)")
     p.add_argument("--idle", type=float, default=80, help="percent idle that counts as quiet")
     p.add_argument("--launch-timeout", type=int, default=900, help="seconds per launch")
+    p.add_argument("--no-membw", dest="membw", action="store_false",
+                   help="skip measuring the memory-traffic floor (one bench membw launch per N)")
     p.add_argument("--out", default=None)
     return p.parse_args(argv)
 
@@ -635,6 +739,8 @@ def main(argv=None):
     with open(out / "points.csv", "w", newline="") as f:
         csv.DictWriter(f, FIELDS).writeheader()
     status = 0
+    if args.membw and "pycollective" in CONTENDERS and (ROOT / "src").exists():
+        status |= measure_floors(args, out)
     for i, (r, n, g, key) in enumerate(launches, 1):
         c = CONTENDERS[key]
         base = f"{i:03d}_r{r}_N{n}_{key}_{fmt_count(g[0])}-{fmt_count(g[-1])}"
