@@ -246,17 +246,17 @@ def _drain(call: Call) -> None:
 def _take(call: Call, notice: Notice) -> None:
     ctx = call.ctx
     if notice.kind == "failed":
-        if notice.number < call.number:
-            return  # about a call this rank has finished: already raised everywhere
+        # A failure in this call, or in one this rank has finished (it was a
+        # call ahead: its part was done), breaks the communicator: the peer
+        # never comes to this call, so it is raised here, not waited out.
         if notice.number > call.number:
+            # The peer is a call ahead: this call may still complete (it may
+            # have sent all it had to), so the notice waits for the next call
+            # -- unless this one times out first (Waiter._time_out).
             ctx.early_notices.append(notice)
+            call.heard[notice.rank] = (notice.number, notice.fingerprint)
             return
-        cls = _ERRORS.get(notice.error, PeerFailed)
-        if cls in (CollectiveError, CommunicatorBroken):
-            cls = PeerFailed  # the failure was rank-local there; here a peer failed
-        _raise_broken(ctx, cls(f"{notice.text} (reported by rank {notice.rank} to rank "
-                               f"{ctx.rank})", collective=call.what, call=call.number,
-                               comm=ctx.label, ranks=notice.ranks or (notice.rank,)))
+        _raise_peer_failure(call, notice)
     call.heard[notice.rank] = (notice.number, notice.fingerprint)
     if notice.number == call.number and notice.fingerprint != call.fingerprint:
         exc = CollectiveMismatch(
@@ -265,6 +265,17 @@ def _take(call: Call, notice: Notice) -> None:
             f"{describe(call.fingerprint)}", collective=call.what, call=call.number,
             comm=ctx.label, ranks=tuple(sorted((notice.rank, ctx.rank))))
         raise fail(call, exc)
+
+
+def _raise_peer_failure(call: Call, notice: Notice) -> None:
+    ctx = call.ctx
+    cls = _ERRORS.get(notice.error, PeerFailed)
+    if cls in (CollectiveError, CommunicatorBroken):
+        cls = PeerFailed  # the failure was rank-local there; here a peer failed
+    where = "" if notice.number == call.number else f" in call #{notice.number}"
+    _raise_broken(ctx, cls(f"{notice.text} (reported by rank {notice.rank}{where} to rank "
+                           f"{ctx.rank})", collective=call.what, call=call.number,
+                           comm=ctx.label, ranks=notice.ranks or (notice.rank,)))
 
 
 def _late(call: Call) -> Sequence[int]:
@@ -364,6 +375,13 @@ class Waiter:
                 f"{self.waiting_for} outside any collective call (PYCOLLECTIVE_TIMEOUT_S)")
         ctx = call.ctx
         _drain(call)
+        # A peer that failed in a later call has given up on the communicator:
+        # its verdict (which ranks stalled) explains this wait better than this
+        # rank's own clock can -- after a SIGSTOP, the clock includes the stop.
+        failed = [n for n in ctx.early_notices if n.kind == "failed"]
+        if failed:
+            ctx.early_notices = []
+            _raise_peer_failure(call, failed[0])
         late = _late(call)
         exc = CollectiveTimeout(
             f"{call.title()} timed out on rank {ctx.rank} after {elapsed:.1f} s without "
