@@ -32,7 +32,7 @@ LAYERS = [
     {"_collectives"},
     {"comm", "bucketing", "training", "bench", "bench.*", "model.calibrate", "model.__main__", ""},
     # training built on the library; nothing below imports it
-    {"zero", "zero.*"},
+    {"zero", "zero.*", "torch"},
 ]
 
 # Where the core may reach into an algorithm module, and why.
