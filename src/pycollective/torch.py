@@ -28,8 +28,13 @@ GIL, so backward's torch operators (which do not hold it either) run at the
 same time: that is the overlap, bounded by the two having to share the
 cores.  The request gives no completion callback, so each :class:`HookState`
 has one small thread that waits for the requests in submission order and
-completes each bucket's ``torch.futures.Future`` (a wake-up per bucket,
-tens of microseconds).
+completes each bucket's ``torch.futures.Future`` (one more thread wake-up
+per bucket).  The last bucket of a step (``bucket.is_last()``) is reduced
+at once on the calling thread with the blocking ``Allreduce``: backward has
+nothing left to compute, so handing it to the helper would only add the two
+wake-ups to the step.  A model whose gradients fit in one bucket (DDP's
+first bucket holds 1 MiB, the others 25 MiB) therefore has no overlap and
+no thread hand-off at all.
 
 Errors do not hang: a rank whose call cannot start, a count that differs
 across ranks, a peer that stalls past pycollective's timeout
@@ -187,6 +192,15 @@ class HookState:
         self._completer.add(request, future, result)
 
 
+def _value(future):
+    return future.value()
+
+
+def _is_last(bucket):
+    is_last = getattr(bucket, "is_last", None)
+    return bool(is_last()) if is_last is not None else False
+
+
 def _reduce(state, bucket, compress):
     """Start the reduction of ``bucket.buffer()``; a future completed with that tensor."""
     if not isinstance(state, HookState):
@@ -195,6 +209,10 @@ def _reduce(state, bucket, compress):
     torch = state._torch
     tensor = bucket.buffer()
     future = torch.futures.Future()
+    # DDP reads a failed future from C++, where a Python exception set on it
+    # becomes "Unable to cast ... to Tensor"; re-raised by a ``then``
+    # callback it reaches backward() as an error naming the exception.
+    result = future.then(_value)
     try:
         if compress is not None and not tensor.is_floating_point():
             raise TypeError(f"{compress} compression needs a floating bucket, got {tensor.dtype}")
@@ -205,14 +223,21 @@ def _reduce(state, bucket, compress):
             # Divide before the sum, as torch's hook does: the sum of N
             # gradients can leave a narrow format's range where each does not.
             tensor.div_(state.size)
-        request = state._comm(compress).Iallreduce(MPI.IN_PLACE, tensor, op=MPI.SUM)
-    except Exception as exc:  # noqa: BLE001  (the request was not started: report it)
-        # The drop-in has already joined the collective with an invalid
-        # argument, so the other ranks' requests fail too instead of waiting.
+        comm = state._comm(compress)
+        if _is_last(bucket):
+            # Backward has nothing left to compute: reducing here saves the
+            # hand-offs to the helper thread and back.
+            comm.Allreduce(MPI.IN_PLACE, tensor, op=MPI.SUM)
+            future.set_result(tensor)
+            return result
+        request = comm.Iallreduce(MPI.IN_PLACE, tensor, op=MPI.SUM)
+    except Exception as exc:  # noqa: BLE001  (DDP raises it from backward)
+        # A call that could not start has joined the collective with an
+        # invalid argument, so the other ranks' calls fail too instead of waiting.
         future.set_exception(exc)
-        return future
+        return result
     state._complete(request, future, tensor)
-    return future
+    return result
 
 
 def allreduce_hook(state: HookState, bucket):
