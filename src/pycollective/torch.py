@@ -232,8 +232,9 @@ def _reduce(state, bucket, compress):
             return result
         request = comm.Iallreduce(MPI.IN_PLACE, tensor, op=MPI.SUM)
     except Exception as exc:  # noqa: BLE001  (DDP raises it from backward)
-        # A call that could not start has joined the collective with an
-        # invalid argument, so the other ranks' calls fail too instead of waiting.
+        # The checks above read only the dtype, the same on every rank; a
+        # call the drop-in could not start has joined the collective with an
+        # invalid argument, so the other ranks' calls fail too, never wait.
         future.set_exception(exc)
         return result
     state._complete(request, future, tensor)
