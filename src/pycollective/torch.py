@@ -30,9 +30,12 @@ cores.  The request gives no completion callback, so each :class:`HookState`
 has one small thread that waits for the requests in submission order and
 completes each bucket's ``torch.futures.Future`` (one more thread wake-up
 per bucket).  The last bucket of a step (``bucket.is_last()``) is reduced
-at once on the calling thread with the blocking ``Allreduce``: backward has
-nothing left to compute, so handing it to the helper would only add the two
-wake-ups to the step.  A model whose gradients fit in one bucket (DDP's
+on the calling thread with the blocking ``Allreduce``, once the buckets
+before it are done: backward has nothing left to compute, so handing it to
+the helper would only add the two wake-ups to the step, and running it
+beside the helper's reductions would have two threads of each rank polling
+MPI and taking the GIL from each other (measured: the step's reduction took
+several times longer on 2 cores).  A model whose gradients fit in one bucket (DDP's
 first bucket holds 1 MiB, the others 25 MiB) therefore has no overlap and
 no thread hand-off at all.
 
@@ -166,6 +169,7 @@ class HookState:
         self.size = self.comm.Get_size()
         self._compressed = {}
         self._completer = None
+        self._pending = None
         self._lock = threading.Lock()
 
     def __repr__(self):
@@ -190,6 +194,16 @@ class HookState:
             if self._completer is None:
                 self._completer = _Completer()
         self._completer.add(request, future, result)
+        self._pending = future
+
+    def _drain(self):
+        """Wait until the buckets handed to the helper are reduced (their errors are theirs)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            try:
+                pending.wait()
+            except Exception:  # noqa: BLE001  (reported by that bucket's own future)
+                pass
 
 
 def _value(future):
@@ -227,6 +241,7 @@ def _reduce(state, bucket, compress):
         if _is_last(bucket):
             # Backward has nothing left to compute: reducing here saves the
             # hand-offs to the helper thread and back.
+            state._drain()
             comm.Allreduce(MPI.IN_PLACE, tensor, op=MPI.SUM)
             future.set_result(tensor)
             return result
