@@ -3,6 +3,7 @@
     scripts/run_mpi.sh 4 examples/train_torch.py                     # MLP 64-128-128-10
     scripts/run_mpi.sh 4 examples/train_torch.py --hidden 1024,1024  # 4.5 MB of gradients
     scripts/run_mpi.sh 4 examples/train_torch.py --compress fp16     # also the fp16 hook
+    scripts/run_mpi.sh 4 examples/train_torch.py --blocking          # also overlap=False
 
 A torch user's change is two lines (:func:`make_ddp`)::
 
@@ -53,11 +54,11 @@ HOOKS = {"none": pctorch.allreduce_hook, "fp16": pctorch.fp16_compress_hook,
          "bf16": pctorch.bf16_compress_hook}
 
 
-def make_ddp(model, comm, hook=None, algorithm="auto"):
+def make_ddp(model, comm, hook=None, algorithm="auto", overlap=True):
     """DDP on the default (Gloo) group; with ``hook``, averaging through pycollective."""
     ddp = DDP(model)
     if hook is not None:
-        state = pctorch.HookState(comm, algorithm=algorithm)
+        state = pctorch.HookState(comm, algorithm=algorithm, overlap=overlap)
         ddp.register_comm_hook(state, HOOKS[hook])
     return ddp
 
@@ -129,7 +130,8 @@ def identical(comm, digest):
 
 
 def train(comm, *, epochs=10, batch_size=64, hidden=(128, 128), lr=2e-3, compress=None,
-          algorithm="auto", seed=0, steps=20, rounds_=9, tolerance=1e-3, out=None):
+          algorithm="auto", blocking=False, seed=0, steps=20, rounds_=9, tolerance=1e-3,
+          out=None):
     """Train with Gloo and with the hook(s) in lock step, then time them.
 
     Returns:
@@ -146,11 +148,13 @@ def train(comm, *, epochs=10, batch_size=64, hidden=(128, 128), lr=2e-3, compres
     xtr, ytr, xte, yte = load_digits(seed)
     base = mlp(hidden, seed)
     grad_bytes = sum(p.numel() * p.element_size() for p in base.parameters())
-    modes = {"gloo": None, "pycollective": "none"}
+    modes = {"gloo": (None, True), "pycollective": ("none", True)}
+    if blocking:
+        modes["pycollective blocking"] = ("none", False)
     if compress not in (None, "none"):
-        modes[f"pycollective {compress}"] = compress
-    trainers = {m: Trainer(make_ddp(copy.deepcopy(base), comm, hook, algorithm), lr)
-                for m, hook in modes.items()}
+        modes[f"pycollective {compress}"] = (compress, True)
+    trainers = {m: Trainer(make_ddp(copy.deepcopy(base), comm, hook, algorithm, overlap), lr)
+                for m, (hook, overlap) in modes.items()}
     per_epoch = len(ytr) // batch_size
     plan = batches(len(ytr), batch_size, epochs * per_epoch, comm, seed)
     scale = size / batch_size  # DDP averages over ranks: the mean loss of the global batch
@@ -173,7 +177,7 @@ def train(comm, *, epochs=10, batch_size=64, hidden=(128, 128), lr=2e-3, compres
         report(comm, result, hidden, batch_size, tolerance, out or sys.stdout)
     wrong = [m for m, same in result["identical"].items() if not same]
     far = {m: d for m, d in result["max_loss_diff"].items()
-           if d > tolerance * (1 if m in ("gloo", "pycollective") else 100)}
+           if d > tolerance * (100 if modes[m][0] not in (None, "none") else 1)}
     if wrong or far:
         raise RuntimeError(f"parameters differ across ranks: {wrong}; losses beyond the "
                            f"tolerance {tolerance}: {far}")
@@ -214,11 +218,11 @@ def report(comm, result, hidden, batch_size, tolerance, out):
       f"{result['steps']} steps (torch {torch.__version__}, {MPI.Get_library_version().splitlines()[0].strip()})\n")
     times = result["times"]
     compute = times["compute"]
-    w(f"{'mode':<18} {'final loss':>10} {'max |dloss|':>11} {'test acc':>8} {'replicas':>9} "
+    w(f"{'mode':<21} {'final loss':>10} {'max |dloss|':>11} {'test acc':>8} {'replicas':>9} "
       f"{'step ms':>8} {'compute ms':>10} {'comm ms':>8}\n")
     for m in result["losses"]:
         same = "identical" if result["identical"][m] else "DIFFER"
-        w(f"{m:<18} {result['losses'][m][-1]:>10.4f} {result['max_loss_diff'][m]:>11.2e} "
+        w(f"{m:<21} {result['losses'][m][-1]:>10.4f} {result['max_loss_diff'][m]:>11.2e} "
           f"{result['accuracy'][m]:>8.3f} {same:>9} {times[m] * 1e3:>8.2f} {compute * 1e3:>10.2f} "
           f"{(times[m] - compute) * 1e3:>8.2f}\n")
     gloo_comm = times["gloo"] - compute
@@ -241,6 +245,8 @@ def parse_args(argv=None):
     p.add_argument("--algorithm", default="auto", help="pycollective's allreduce algorithm")
     p.add_argument("--compress", choices=sorted(HOOKS), default="none",
                    help="also train with the fp16 or bf16 compressed hook")
+    p.add_argument("--blocking", action="store_true",
+                   help="also train with HookState(overlap=False): every bucket reduced in the hook")
     p.add_argument("--steps", type=int, default=20, help="steps per timing round")
     p.add_argument("--rounds", type=int, default=9, help="timing rounds (modes take turns)")
     p.add_argument("--tolerance", type=float, default=1e-3,
@@ -259,7 +265,8 @@ def main(argv=None):
     t0 = time.perf_counter()
     result = train(comm, epochs=args.epochs, batch_size=args.batch_size,
                    hidden=tuple(int(h) for h in args.hidden.split(",")), lr=args.lr,
-                   compress=args.compress, algorithm=args.algorithm, seed=args.seed,
+                   compress=args.compress, algorithm=args.algorithm,
+                   blocking=args.blocking, seed=args.seed,
                    steps=args.steps, rounds_=args.rounds, tolerance=args.tolerance)
     if comm.Get_rank() == 0:
         print(f"done in {time.perf_counter() - t0:.1f} s")

@@ -152,6 +152,10 @@ class HookState:
         average: True (DDP's convention): each bucket becomes the mean over
             the ranks; False: the sum (for a loss already divided by the
             global batch, or integer buckets).
+        overlap: True: buckets before the last are reduced on the helper
+            thread while backward goes on; False: every bucket is reduced
+            at once on the calling thread (no overlap, no thread hand-off:
+            better where ranks already keep every core busy).
 
     Raises:
         ImportError: torch is not installed.
@@ -159,13 +163,13 @@ class HookState:
         ValueError: unknown algorithm.
     """
 
-    def __init__(self, comm=None, algorithm="auto", *, average=True):
+    def __init__(self, comm=None, algorithm="auto", *, average=True, overlap=True):
         self._torch = _torch()
         comm = MPI.COMM_WORLD if comm is None else comm
         if algorithm == "auto" and isinstance(comm, Comm) and comm.algorithm is not None:
             algorithm = comm.algorithm
         self.comm = Comm(comm, algorithm=algorithm)
-        self.algorithm, self.average = algorithm, bool(average)
+        self.algorithm, self.average, self.overlap = algorithm, bool(average), bool(overlap)
         self.size = self.comm.Get_size()
         self._compressed = {}
         self._completer = None
@@ -174,7 +178,7 @@ class HookState:
 
     def __repr__(self):
         return (f"<pycollective.torch.HookState size={self.size} algorithm={self.algorithm} "
-                f"average={self.average}>")
+                f"average={self.average} overlap={self.overlap}>")
 
     def _comm(self, compress):
         """The drop-in communicator that reduces with ``compress`` (None: uncompressed)."""
@@ -238,7 +242,7 @@ def _reduce(state, bucket, compress):
             # gradients can leave a narrow format's range where each does not.
             tensor.div_(state.size)
         comm = state._comm(compress)
-        if _is_last(bucket):
+        if not state.overlap or _is_last(bucket):
             # Backward has nothing left to compute: reducing here saves the
             # hand-offs to the helper thread and back.
             state._drain()

@@ -139,8 +139,8 @@ class _Rows(torch.nn.Module if torch is not None else object):
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("algorithm", ["auto", "ring"])
-def test_ddp_gradients_through_the_hook_equal_gloos(world, algorithm):
+@pytest.mark.parametrize("algorithm, overlap", [("auto", True), ("ring", False)])
+def test_ddp_gradients_through_the_hook_equal_gloos(world, algorithm, overlap):
     """Real DDP, buckets of 1 MiB: the large parameter alone, the two small together."""
     n, r = world.Get_size(), world.Get_rank()
     data = []
@@ -152,7 +152,8 @@ def test_ddp_gradients_through_the_hook_equal_gloos(world, algorithm):
     for how in ("gloo", "hook"):
         ddp = DDP(_Rows(COUNTS), bucket_cap_mb=1)
         if how == "hook":
-            ddp.register_comm_hook(pctorch.HookState(world, algorithm), pctorch.allreduce_hook)
+            state = pctorch.HookState(world, algorithm, overlap=overlap)
+            ddp.register_comm_hook(state, pctorch.allreduce_hook)
         for _ in range(2):  # DDP rebuilds its buckets after the first step
             ddp.zero_grad()
             ddp(inputs).backward()
