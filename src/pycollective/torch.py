@@ -26,7 +26,8 @@ the other in the order DDP submits them, which is the same on every rank.
 The helper waits in MPI and reduces in numba kernels without holding the
 GIL, so backward's torch operators (which do not hold it either) run at the
 same time: that is the overlap, bounded by the two having to share the
-cores.  The request gives no completion callback, so each :class:`HookState`
+cores (on the 2-core machine of docs/torch.md, where backward keeps every
+core busy, it gains nothing and ``overlap=False`` is faster).  The request gives no completion callback, so each :class:`HookState`
 has one small thread that waits for the requests in submission order and
 completes each bucket's ``torch.futures.Future`` (one more thread wake-up
 per bucket).  The last bucket of a step (``bucket.is_last()``) is reduced
