@@ -110,6 +110,20 @@ def test_a_rank_that_skips_the_call_is_named(tmp_path):
             assert outcome == "CollectiveTimeout" and "ranks [2] did not arrive" in text, text
 
 
+def test_a_communicators_timeout_reaches_its_nonblocking_calls(tmp_path):
+    status, results, output, _ = launch(tmp_path, 3, "comm_timeout_nonblocking")
+    assert status == 0, output[-3000:]
+    got = outcomes(results, "comm-timeout")
+    assert got[1][0] == "skipped", got
+    for rank in (0, 2):
+        outcome, text = got[rank]
+        # (auto may pick shm, whose node barrier cannot tell which of the others is missing)
+        assert outcome == "CollectiveTimeout" and re.search(r"after 0\.\d s", text), text
+        assert re.search(r"ranks \[[^\]]*\b1\b[^\]]*\] did not arrive", text), text
+    # the communicator's 0.5 s, not the process's 3 s
+    assert seconds_of(results, "comm-timeout") < 2.5, output[-3000:]
+
+
 # --- ranks that disagree -------------------------------------------------------------------
 
 @pytest.mark.parametrize("kind", ["count", "dtype", "op"])

@@ -96,7 +96,7 @@ from ._buffers import (Fallback, Invalid, is_in_place, log_fallback, movable, op
                        reduction_dtype, spec_array, spec_datatype, spec_memory, vector_layout)
 from ._collectives import (COLLECTIVES, algorithms, allgather, allgatherv, allreduce, bcast,
                            reduce, reduce_scatter)  # looked up at each call (tests spy on them)
-from ._context import Key, duplicate, get_context, live_contexts
+from ._context import Key, comm_settings, duplicate, get_context, live_contexts
 from ._kernels import BFLOAT16, get_kernel
 
 __all__ = ["Comm", "Request"]
@@ -458,6 +458,11 @@ class Comm(MPI.Intracomm):
             return native()
         engine = _engine_for(self)
         kw = self._kw(collective)
+        own = comm_settings(self)
+        if "timeout" in own:
+            # The helper runs on a communicator of its own, which does not
+            # carry this one's set_timeout(comm=...): the call takes it along.
+            kw["timeout"] = own["timeout"]
         job = _Job(lambda comm: plan.run(comm, kw), plan)
         if plan.error is not None:
             engine.submit(job).Free()  # freed now, released by MPI once the helper completes it

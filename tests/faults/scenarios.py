@@ -151,6 +151,28 @@ def skip(algorithms, victim="2"):
         WORLD.Barrier()
 
 
+def comm_timeout_nonblocking(victim="1"):
+    """set_timeout(comm=) reaches a drop-in Iallreduce (run on the helper's own communicator).
+
+    The victim does not take part for longer than the process-wide timeout;
+    the others' Wait must raise after the communicator's shorter one.
+    """
+    victim = int(victim)
+    comm = pycollective.Comm(WORLD.Dup())
+    pycollective.set_timeout(0.5, comm=comm)
+    x = data(RANK, 1000)
+    warm = np.empty_like(x)
+    comm.Iallreduce(x, warm).Wait()  # the helper and its communicator exist
+    if RANK == victim:
+        time.sleep(TIMEOUT + 1)
+        report("comm-timeout", "skipped", "")
+    else:
+        t0 = time.monotonic()
+        attempt("comm-timeout", lambda: comm.Iallreduce(x, np.empty_like(x)).Wait())
+        report("comm-timeout:seconds", "ok", f"{time.monotonic() - t0:.3f}")
+    WORLD.Barrier()
+
+
 # --- ranks that disagree -------------------------------------------------------------------
 
 def mismatch(kind, check, algorithms):
