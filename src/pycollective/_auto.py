@@ -225,7 +225,7 @@ class AutoState:
             if self.mode == "model":
                 return _registry.get(self._decide(key, dtype, Decision(
                     ranking[0][0], "model", count, {}, dict(ranking[:1]))).algorithm)
-            tuner = Tuner(ranking, count)
+            tuner = Tuner(ranking, count, always=_layout_aware())
             if tuner.decision is not None:  # one candidate: nothing to time
                 return _registry.get(self._decide(key, dtype, tuner.decision).algorithm)
             if len(self.tuners) >= self._LIMIT:
@@ -306,9 +306,10 @@ class AutoState:
             lines.append(f"tuning {lo}-{hi} B per rank: {tuner.calls} trial calls so far, "
                          f"candidates {list(tuner.alive)}")
         else:
+            first = candidates(self.ranking(count, dtype), always=_layout_aware())
             lines.append(f"no call of {lo}-{hi} B per rank yet: the first calls will try "
-                         f"{[n for n, _ in candidates(self.ranking(count, dtype))]}"
-                         if self.mode == "tune" else "the model decides")
+                         f"{[n for n, _ in first]}" if self.mode == "tune"
+                         else "the model decides")
         return lines
 
 
@@ -328,6 +329,11 @@ def _load_everything():
         except ValueError as exc:
             warnings.warn(f"pycollective: ignoring auto's decisions file: {exc}")
     return params, mode, path, kept
+
+
+def _layout_aware():
+    """The allreduce algorithms auto always times where they can run (see ``_registry``)."""
+    return [n for n in _registry.names() if _registry.get(n).layout_aware]
 
 
 def auto_for(ctx: Context, params: Optional[dict] = None,

@@ -53,6 +53,10 @@ class Algorithm:
     with the agreement step turned off can skip it safely; for the others the
     agreement runs whatever the setting, since ranks that disagree could
     otherwise return wrong data.
+    ``layout_aware``: its speed depends on how the ranks share nodes, cores
+    and links (shared memory inside a node), which the model prices least
+    well without a calibration; ``algorithm="auto"`` times it among its
+    candidates wherever it can run (:func:`pycollective.model.tuning.candidates`).
     """
 
     name: str
@@ -64,6 +68,7 @@ class Algorithm:
     collective: str = "allreduce"
     agreed: Optional[Callable] = None
     verifies_arguments: bool = False
+    layout_aware: bool = False
 
 
 _ALGORITHMS: Dict[str, Dict[str, Algorithm]] = {}
@@ -99,7 +104,7 @@ def tag_owners() -> Dict[int, str]:
 def register(name: str, run: Callable, summary: str, *, cost: Optional[Callable] = None,
              usable: Optional[UsableFn] = None, tags: Iterable[int] = (),
              collective: str = "allreduce", agreed: Optional[Callable] = None,
-             verifies_arguments: bool = False) -> Algorithm:
+             verifies_arguments: bool = False, layout_aware: bool = False) -> Algorithm:
     """Add an algorithm; refuse a name or a message tag already in use.
 
     Args:
@@ -112,6 +117,7 @@ def register(name: str, run: Callable, summary: str, *, cost: Optional[Callable]
         collective: which collective it implements.
         agreed: the algorithm with the agreement folded in (see :class:`Algorithm`).
         verifies_arguments: see :class:`Algorithm`.
+        layout_aware: see :class:`Algorithm`.
 
     Raises:
         ValueError: the name is registered already, or a tag is taken.
@@ -123,7 +129,7 @@ def register(name: str, run: Callable, summary: str, *, cost: Optional[Callable]
                          f"cannot register {name!r}: the name is reserved")
     algo = Algorithm(name, run, summary, cost, usable or _always,
                      reserve_tags(f"{collective}:{name}", tags), collective, agreed,
-                     bool(verifies_arguments))
+                     bool(verifies_arguments), bool(layout_aware))
     table[name] = algo
     return algo
 

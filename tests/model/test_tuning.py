@@ -135,3 +135,18 @@ def test_a_fourth_candidate_when_the_model_cannot_tell_it_from_the_best():
     assert len(tuning.candidates(apart)) == 3
     assert tuning.candidates([("ring", 1.0)]) == [("ring", 1.0)]
     assert tuning.MAX_TRIALS == tuning.MAX_CANDIDATES * tuning.MAX_ROUNDS
+
+
+def test_layout_aware_algorithms_are_always_candidates():
+    ranking = [("ring", 1.0), ("tree", 1.1), ("butterfly", 1.2), ("ps", 1.24), ("shm", 9.0),
+               ("hierarchical", 20.0)]
+    chosen = [n for n, _ in tuning.candidates(ranking, always=["shm", "hierarchical", "gone"])]
+    # the model's three best, the tie (ps: within 1.25x) and both layout-aware ones, at most 5,
+    # the layout-aware ones first, all in the model's order
+    assert chosen == ["ring", "tree", "butterfly", "shm", "hierarchical"]
+    assert [n for n, _ in tuning.candidates(ranking)] == ["ring", "tree", "butterfly", "ps"]
+    # already among the best: not twice
+    assert [n for n, _ in tuning.candidates(ranking[:3] + [("shm", 9.0)], always=["ring"])] == [
+        "ring", "tree", "butterfly"]
+    tuner = tuning.Tuner(ranking, 1000, always=["hierarchical"])
+    assert tuner.alive == ["ring", "tree", "butterfly", "ps", "hierarchical"]

@@ -202,4 +202,4 @@ def hierarchical_cost(nranks, count, itemsize, alpha, beta, gamma, topo=None):
 register("hierarchical", hierarchical_allreduce,
          "shared-memory reduce inside each node, ring among one leader per node, "
          "shared-memory broadcast",
-         cost=hierarchical_cost)
+         cost=hierarchical_cost, layout_aware=True)

@@ -312,4 +312,5 @@ def shm_cost(nranks, count, itemsize, alpha, beta, gamma):
 
 register("shm", shm_allreduce,
          "one node: ranks reduce their slice straight from the others' shared-memory slots",
-         cost=shm_cost, usable=on_one_node, agreed=shm_agreed, verifies_arguments=True)
+         cost=shm_cost, usable=on_one_node, agreed=shm_agreed, verifies_arguments=True,
+         layout_aware=True)

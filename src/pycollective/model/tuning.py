@@ -15,7 +15,12 @@ rank, ``[2^(k-1), 2^k)`` -- a :class:`Tuner`:
 * takes the model's :data:`CANDIDATES` best (fewer if fewer can run), and
   one more when the model puts it within :data:`TIE` of its best: the bare
   model often cannot tell such algorithms apart (on one node several of them
-  move the same bytes);
+  move the same bytes); and, whatever their rank, the algorithms registered
+  as ``layout_aware`` (shared memory inside a node: their cost depends on how
+  ranks share cores and links, which the bare model only guesses -- measured
+  on 2026-12-01, the uncalibrated model left ``shm`` out at 1 element on one
+  node and ``hierarchical`` out at 1e6-1e7 across a 1 Gbit/s link, where each
+  was the fastest by 1.1-1.6x); at most :data:`MAX_CANDIDATES` in all;
 * runs rounds; in each round every candidate still in the race serves one
   call, in the model's order; the round's times are agreed in one small MAX
   reduction at its end;
@@ -30,7 +35,7 @@ rank, ``[2^(k-1), 2^k)`` -- a :class:`Tuner`:
   built the algorithm's state (windows, sub-communicators) and any one call
   that another process slowed down.
 
-So a class costs at most ``MAX_CANDIDATES * MAX_ROUNDS`` = 28 trial calls (12
+So a class costs at most ``MAX_CANDIDATES * MAX_ROUNDS`` = 35 trial calls (15
 for calls longer than 1 ms), every one of them a useful allreduce; what tuning
 costs is only the time the slower candidates took beyond the winner's, which
 :class:`Decision` reports (``cost``).  Calls of another count of the same
@@ -53,7 +58,7 @@ __all__ = ["CANDIDATES", "MAX_CANDIDATES", "TIE", "MIN_ROUNDS", "MAX_ROUNDS", "S
            "save_decision", "decision_key"]
 
 CANDIDATES = 3
-MAX_CANDIDATES = 4
+MAX_CANDIDATES = 5
 TIE = 1.25
 MIN_ROUNDS = 3
 MAX_ROUNDS = 7
@@ -63,15 +68,20 @@ MAX_TRIALS = MAX_CANDIDATES * MAX_ROUNDS  # trial calls of one class, at most
 
 
 def candidates(ranking: Sequence[Tuple[str, float]], count: int = CANDIDATES,
-               most: int = MAX_CANDIDATES, tie: float = TIE) -> List[Tuple[str, float]]:
-    """The model's ``count`` best, and more up to ``most`` predicted within ``tie`` of the best."""
+               most: int = MAX_CANDIDATES, tie: float = TIE,
+               always: Sequence[str] = ()) -> List[Tuple[str, float]]:
+    """The model's ``count`` best, those in ``always`` it ranks at all, and the next one if
+    predicted within ``tie`` of the best; at most ``most``, in the model's order."""
     ranking = list(ranking)
     if not ranking:
         return []
     best = ranking[0][1]
-    chosen = ranking[:max(1, count)]
-    chosen += [(n, t) for n, t in ranking[len(chosen):most] if t <= tie * best]
-    return chosen
+    count = max(1, count)
+    chosen = ranking[:count]
+    chosen += [(n, t) for n, t in ranking[count:] if n in always]
+    chosen += [(n, t) for n, t in ranking[count:count + 1] if t <= tie * best and n not in always]
+    order = {n: i for i, (n, _) in enumerate(ranking)}
+    return sorted(chosen[:max(1, most)], key=lambda nt: order[nt[0]])
 
 
 def size_class(nbytes: int) -> int:
@@ -146,11 +156,12 @@ class Tuner:
         ranking: ``[(name, predicted seconds)]`` fastest first (the model's).
         count: the element count the trials run at.
         rounds: rounds of trials (default :func:`rounds_for` the best prediction).
+        always: names timed whenever the model ranks them (see :func:`candidates`).
     """
 
     def __init__(self, ranking: Sequence[Tuple[str, float]], count: int,
-                 rounds: Optional[int] = None):
-        chosen = candidates(ranking)
+                 rounds: Optional[int] = None, always: Sequence[str] = ()):
+        chosen = candidates(ranking, always=always)
         if not chosen:
             raise ValueError("nothing to tune: no candidate")
         self.count = int(count)
