@@ -56,6 +56,14 @@ def layouts():
         comm.Free()
 
 
+@pytest.fixture(scope="module")
+def comms():
+    """(label, plain communicator): the world, self, and a Dup of the world."""
+    dup = MPI.COMM_WORLD.Dup()
+    yield [("world", MPI.COMM_WORLD), ("self", MPI.COMM_SELF), ("dup", dup)]
+    dup.Free()
+
+
 def pytest_sessionfinish(session, exitstatus):
     """One summary line from rank 0, agreed over all ranks (read by test_mpi_suites.py)."""
     world = MPI.COMM_WORLD

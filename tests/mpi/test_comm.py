@@ -29,14 +29,6 @@ OPS = ["sum", "prod", "max", "min"]
 DTYPES = ["float32", "float64", "int32", "int64"]
 
 
-@pytest.fixture(scope="module")
-def comms():
-    """(label, plain communicator): the world, self, and a Dup of the world."""
-    dup = MPI.COMM_WORLD.Dup()
-    yield [("world", MPI.COMM_WORLD), ("self", MPI.COMM_SELF), ("dup", dup)]
-    dup.Free()
-
-
 def _forms(x, count):
     """(label, make(send, recv) -> (sendbuf, recvbuf), elements compared) for x's dtype."""
     dt = x.dtype

@@ -20,7 +20,6 @@ from pycollective import _buffers
 from pycollective import comm as comm_module
 from _data import MPI_OPS, bitwise_equal, exact_values
 from _tensors import DLPackOnly, FakeDevice
-from test_comm import comms  # noqa: F401  (the fixture: world, self, a Dup)
 
 OPS = ["sum", "prod", "max", "min"]
 DTYPES = ["float64", "int32", "float32"]
