@@ -42,7 +42,9 @@ were.
 Outputs in ``--out`` (default ``benchmarks/results/<UTC stamp>-peers``):
 ``points.csv`` (every launch's row per size, the raw material of the rest),
 ``plan.txt`` (the run's settings, JSON),
-``report.md`` (the tables), ``peers.png`` (time and busbw against size, one
+``report.md`` (the tables, and every row judged against the targets of
+issue 12, with the memory-traffic floor from one ``bench membw`` launch per
+N), ``peers.png`` (time and busbw against size, one
 line per contender, one column per N), ``commands.txt`` (every launch),
 ``launches/`` (each launch's JSON and output; JSON is not committed).
 Only the standard library is needed to measure; numpy and matplotlib for the
@@ -537,7 +539,8 @@ def report(out, args_text=None):
             return "-" if v is None else f"{v:.3g}"
         lines.append(f"| {r['n']} | {fmt_count(r['c'])} | {bw(r['best'])} | {bw(r['auto'])} | "
                      + " | ".join(bw(r["peers"][k]) for k in PEERS) + " |")
-    lines += targets_section(rows, floors_of(out))
+    rates = floors_of(out) or {int(n): r for n, r in meta.get("floors", {}).items()}
+    lines += targets_section(rows, rates)
     lines += same_launch_tables(summary, libraries)
     # Honesty: spread over rounds, how quiet the machine was, failures.
     lines += ["", "Spread over rounds, (max − min) / median, median over the sizes of each N:", "",
@@ -741,6 +744,9 @@ def main(argv=None):
     status = 0
     if args.membw and "pycollective" in CONTENDERS and (ROOT / "src").exists():
         status |= measure_floors(args, out)
+        # kept in the plan: the launches' JSON is not committed with a report
+        meta["floors"] = {str(n): rate for n, rate in floors_of(out).items()}
+        (out / PLAN).write_text(json.dumps(meta, indent=1))
     for i, (r, n, g, key) in enumerate(launches, 1):
         c = CONTENDERS[key]
         base = f"{i:03d}_r{r}_N{n}_{key}_{fmt_count(g[0])}-{fmt_count(g[-1])}"
