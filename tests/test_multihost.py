@@ -168,6 +168,8 @@ def test_netns_unequal_placements(netns, options, nodes):
 def test_netns_delay_line(netns):
     if shutil.which(os.environ.get("CC", "cc")) is None:
         pytest.skip("no C compiler for the delay line (set CC)")
+    if not os.path.exists("/dev/net/tun"):
+        pytest.skip("no /dev/net/tun: the delay line needs TUN devices")
     _every_algorithm(["-H", "2x1", "--delay", "25us", "--rate", "4gbit"], [1, 1], quick=True)
 
 
