@@ -56,6 +56,7 @@ _SPINS = 4                # Test calls before a waiter starts yielding and watch
 # (yielding at once costs a system call when the core is free, and lets the
 # rank we wait for run when ranks outnumber cores, which measured 1.5x faster
 # for small messages at 4 ranks on 2 cores than spinning 64 times first)
+_ABSENT_S = 1.0          # a gap between two polls this long: the rank itself was not running
 _IO_EVERY_S = 1e-3        # how often a waiting rank reads the side channel
 _ERRORS = {cls.__name__: cls for cls in (CollectiveError, CollectiveTimeout, CollectiveMismatch,
                                          PeerFailed, CommunicatorBroken)}
@@ -317,11 +318,12 @@ class Waiter:
             Without a call there is no side channel, only the deadline.
     """
 
-    __slots__ = ("call", "t0", "next_io", "timeout", "warn_at", "waiting_for", "spins")
+    __slots__ = ("call", "t0", "last", "next_io", "timeout", "warn_at", "waiting_for", "spins")
 
     def __init__(self, waiting_for="the other ranks", call=None):
         self.call = call if call is not None else current()
         self.t0 = time.monotonic()
+        self.last = self.t0
         self.next_io = self.t0
         self.waiting_for = waiting_for
         self.spins = 0
@@ -335,6 +337,14 @@ class Waiter:
         """Give way to other ranks, and act on the clock and the side channel."""
         self.spins += 1
         now = time.monotonic()
+        if now - self.last > _ABSENT_S:
+            # This rank was not running (SIGSTOP, a long descheduling): that
+            # time is not time spent waiting.  Without this, a rank resumed
+            # after the others gave up times out on its first poll, blaming
+            # them, before it has read their notices saying it was the one
+            # missing (MPI may need several polls to deliver queued messages).
+            self.t0 += now - self.last
+        self.last = now
         elapsed = now - self.t0
         call = self.call
         if call is not None and now >= self.next_io:
