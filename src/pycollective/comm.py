@@ -28,8 +28,8 @@ How it is built
 Nonblocking collectives
 -----------------------
 ``Iallreduce`` and the other nonblocking forms return a
-:class:`~pycollective._nonblocking.Request`, completed by one helper thread
-per communicator (:mod:`pycollective._nonblocking`: how they overlap).
+:class:`pycollective.Request`, completed by one helper thread per
+communicator (:mod:`pycollective._nonblocking` says how they overlap).
 
 As with MPI, the send buffer must not be modified and the receive buffer is
 undefined until the request completes; pycollective itself never writes to
