@@ -66,7 +66,10 @@
 # of creating them (MPI_Abort kills ranks without warning the launcher); a
 # file that the job created and let go of before anyone looked is kept,
 # since nothing proves whose it is: a leak is possible, removing another
-# job's file is not.
+# job's file is not.  A process that starts MPI without mpiexec (a singleton)
+# is no job of this script's and leaves files of its own: Open MPI's
+# sm_segment.* even after MPI_Finalize, MPICH's mpich_shm_<pid in hex>_0 when
+# it is killed.  Launch through this script (NP 1 is fine) to have them removed.
 #
 # Output.  mpiexec forwards each write of each rank as it arrives.  With
 # PYTHONUNBUFFERED=1 one print() is several writes (each argument, the

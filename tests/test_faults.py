@@ -4,7 +4,9 @@ Each test launches a small job (``tests/faults/scenarios.py``) through the
 project's launcher with a 3 s collective timeout and checks, from the lines
 every rank prints, that every surviving rank raised the documented error
 naming the ranks concerned, within a bounded time; and afterwards that no
-process of the job remains and nothing the job created is left in /dev/shm.
+process of the job remains and nothing the job created is left in /dev/shm
+(the files its ranks report, and any other a process of the job held:
+``.ci/shm-guard`` watches the launch).
 The launcher being stopped from outside is covered by test_run_mpi.py.
 docs/troubleshooting.md shows these errors as users see them.
 """
@@ -20,6 +22,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "tests" / "faults" / "scenarios.py"
+GUARD = ROOT / ".ci" / "shm-guard"  # fails if files the job created outlive it
 P2P = ["ring", "tree", "butterfly", "ps", "naive", "ring_pipelined", "rabenseifner"]
 ALL = P2P + ["shm", "hierarchical"]
 LINE = re.compile(r"^RESULT (\d+) (\S+) (\S+) ?(.*)$")
@@ -30,9 +33,9 @@ def launch(tmp_path, nranks, *args, env=None, limit=120):
     environ = dict(os.environ, PYTHON=sys.executable, PYCOLLECTIVE_TIMEOUT=str(limit),
                    **(env or {}))
     t0 = time.monotonic()
-    proc = subprocess.run([str(ROOT / "scripts" / "run_mpi.sh"), str(nranks), str(SCENARIOS),
-                           str(tmp_path), *args], env=environ, capture_output=True, text=True,
-                          timeout=limit + 60)
+    proc = subprocess.run([sys.executable, str(GUARD), "--", str(ROOT / "scripts" / "run_mpi.sh"),
+                           str(nranks), str(SCENARIOS), str(tmp_path), *args], env=environ,
+                          capture_output=True, text=True, timeout=limit + 60)
     seconds = time.monotonic() - t0
     output = proc.stdout + proc.stderr
     results = {}
@@ -52,6 +55,8 @@ def launch(tmp_path, nranks, *args, env=None, limit=120):
     mapped = {line.strip() for f in tmp_path.glob("shm.*") for line in f.read_text().split()}
     left = sorted(p for p in mapped if p and os.path.exists(p))
     assert not left, f"left in /dev/shm: {left}"
+    # ... nor any other file a process of the job was seen holding (the MPI library's)
+    assert "shm-guard" not in proc.stderr, proc.stderr[-3000:]
     return proc.returncode, results, output, seconds
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 RUN = Path(__file__).resolve().parents[1] / "scripts" / "run_mpi.sh"
+GUARD = RUN.parents[1] / ".ci" / "shm-guard"  # fails if a command's files outlive it
 
 
 def _open_mpi():
@@ -100,6 +101,8 @@ if "raise" in actions:
 if "await" in actions:  # until the test says go
     while not os.path.exists(os.path.join(record, "go")):
         time.sleep(0.05)
+if "die" in actions and comm.rank == 1:  # as the OOM killer would: the others are left waiting
+    os.kill(os.getpid(), signal.SIGKILL)
 if "sleep" in actions:
     time.sleep(300)
 if "spin" in actions:
@@ -343,3 +346,40 @@ def test_launcher_killed_outright_still_takes_the_job_down(tmp_path):
         for seen in record.glob("*.json"):
             for path in json.loads(seen.read_text())["files"]:
                 Path(path).unlink(missing_ok=True)
+
+
+def test_the_guard_names_a_file_its_command_left(tmp_path):
+    """.ci/shm-guard, which CI and the test below rely on, can fail: a file the command
+    created and held is reported (and removed with --remove); one that another process
+    (this test) created meanwhile is not the command's."""
+    left = f"/dev/shm/pycollective_test_guard_{os.getpid()}"
+    foreign = Path(f"/dev/shm/pycollective_test_guard_foreign_{os.getpid()}")
+    hold = (f"import time; f = open({left!r}, 'wb'); f.write(b'x'); f.flush(); "
+            f"time.sleep(1.5)")
+    try:
+        for remove in ([], ["--remove"]):
+            proc = subprocess.Popen([sys.executable, str(GUARD), *remove, "--", sys.executable,
+                                     "-c", hold], stderr=subprocess.PIPE, text=True)
+            time.sleep(0.5)
+            foreign.write_bytes(b"x")
+            _, err = proc.communicate(timeout=60)
+            assert proc.returncode == 1 and f"{left}" in err, err
+            assert str(foreign) not in err and foreign.exists()
+            assert os.path.exists(left) == (not remove), err
+            Path(left).unlink(missing_ok=True)
+            foreign.unlink()
+    finally:
+        Path(left).unlink(missing_ok=True)
+        foreign.unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("actions, limit", [("die,sleep", 60), ("segment,hold,raise", 60),
+                                            ("segment,sleep", 3)],
+                         ids=["rank-killed", "exception", "limit"])
+def test_a_stopped_job_leaves_nothing_in_dev_shm(tmp_path, actions, limit):
+    """Whatever the MPI library (and the job) created in /dev/shm at any time, not only
+    what the ranks held when they recorded it, is gone when the launcher returns."""
+    args, record = job(tmp_path, actions)
+    proc, _ = run(["2", *args], limit=limit, command=[sys.executable, str(GUARD), "--"])
+    assert proc.returncode != 0 and "shm-guard" not in proc.stderr, proc.stderr
+    assert_job_gone(record, 2)

@@ -21,8 +21,9 @@ some ranks waiting for messages that will not come:
    raises its ``usable`` reason on every rank.
 5. The algorithm runs on flat views of the buffers.
 
-Repeated calls of one shape take :mod:`._fastpath` instead of steps 1-4
-(allreduce only).  Buffers are read by :mod:`._buffers`: any buffer mpi4py
+Step 1 is each function's own (its ``local()``); steps 2 to 5 are the same
+for every collective and live in :mod:`._call`.  Repeated calls of one shape
+take :mod:`._fastpath` instead of steps 1-4 (allreduce only).  Buffers are read by :mod:`._buffers`: any buffer mpi4py
 accepts; device memory goes to the communicator's own MPI call instead.
 """
 
@@ -36,10 +37,10 @@ from mpi4py import MPI
 from . import _auto, _buffers, _choose, _fastpath, _registry, _settings, _watch
 from . import compression as _compression
 from . import algorithms as _algorithms  # noqa: F401  (importing it registers every algorithm)
-from ._agree import Facts, agree, agree_max, verdict
-from ._agree import board as _agree_board
-from ._context import Context, comm_settings, get_context, set_comm_setting
-from ._errors import CollectiveTimeout, ConfigurationError
+from ._agree import Facts
+from ._call import (AUTO, DEFAULT, FAMILY, Checked, call_collective, comm_shape, leave, prepare,
+                    resolve_comm, run_algorithm, run_remembered, settings_facts)
+from ._context import Context, get_context, set_comm_setting
 from ._kernels import SUPPORTED_DTYPES, get_kernel
 from ._ops import MPI_OPS, OPS, resolve_op
 from ._partition import chunk_bounds
@@ -52,8 +53,6 @@ __all__ = ["allreduce", "reduce_scatter", "allgather", "allgatherv", "reduce", "
 #: :func:`algorithms` and :func:`pycollective._registry.register` name them.
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "bcast", "reduce")
 
-_AUTO = "auto"
-DEFAULT = _settings.UNSET  # "not given": the communicator's or the process's setting
 
 check_enabled = _settings.check_enabled
 
@@ -90,7 +89,7 @@ def set_timeout(seconds, comm=None):
     """
     if comm is None:
         return _settings.set_timeout(seconds)
-    previous = set_comm_setting(_resolve_comm(comm), "timeout", _settings.parse_timeout(seconds))
+    previous = set_comm_setting(resolve_comm(comm), "timeout", _settings.parse_timeout(seconds))
     _settings.set_segment_bytes(_settings.segment_bytes())  # bump the epoch: plans re-resolve
     return previous
 
@@ -121,23 +120,13 @@ def usable_algorithms(comm=None, collective: str = "allreduce") -> List[str]:
 
 def unusable_algorithms(comm=None, collective: str = "allreduce") -> dict:
     """``{name: reason}`` for each algorithm of ``collective`` that cannot run on ``comm``."""
-    ctx = get_context(_resolve_comm(comm))
+    ctx = get_context(resolve_comm(comm))
     if _collective_name(collective) == "allreduce":
         return _auto.unusable_reasons(ctx)
     return _choose.unusable(ctx, collective)
 
 
 # --- local checks -------------------------------------------------------------
-
-def _resolve_comm(comm):
-    if comm is None:
-        return MPI.COMM_WORLD
-    if not isinstance(comm, MPI.Intracomm) or isinstance(comm, MPI.Intercomm):
-        raise TypeError(f"comm must be an mpi4py intracommunicator, got {type(comm).__name__}")
-    if comm == MPI.COMM_NULL:
-        raise ValueError("comm is MPI.COMM_NULL")
-    return comm
-
 
 def _flat(buf, name, writable):
     """Flat view (no copy) of any buffer: numpy arrays, the buffer protocol, CPU DLPack."""
@@ -176,112 +165,6 @@ def _same_or_disjoint(src, dst):
 
 def _dtype_code(dtype):
     return SUPPORTED_DTYPES.index(dtype) if dtype in SUPPORTED_DTYPES else -1
-
-
-# --- one call: settings, agreement, bounded waits, failures -----------------------
-
-def _settings_facts(settings: _settings.Settings) -> Facts:
-    timeout_ms = -1 if settings.timeout is None else int(settings.timeout * 1000)
-    return (("segment size (set_segment_bytes / PYCOLLECTIVE_SEGMENT_BYTES)",
-             settings.segment_bytes),
-            ("timeout in ms (set_timeout / PYCOLLECTIVE_TIMEOUT_S)", timeout_ms),
-            ("the agreement setting (set_check / PYCOLLECTIVE_CHECK)", int(settings.check)))
-
-
-def _enter(ctx: Context, what: str, fp: tuple, settings: _settings.Settings,
-           words=None, tag_offset=None) -> _watch.Call:
-    """Take the communicator (bounded) and start a numbered call on it."""
-    if ctx.broken is not None:
-        raise _watch.broken_error(ctx, what)
-    limit = settings.timeout
-    if not ctx.lock.acquire(timeout=-1 if limit is None else limit):
-        raise CollectiveTimeout(
-            f"{what} on {ctx.label}: another thread's collective on this communicator did "
-            f"not finish within {limit:g} s (calls on one communicator are serialised)",
-            collective=what, comm=ctx.label)
-    if tag_offset is None:
-        tag_offset = _watch.tag_offset(fp, _tag_ub(ctx)) if fp else 0
-    return _watch.begin(ctx, what, fp, settings, tag_offset, words)
-
-
-def _leave(call: _watch.Call) -> None:
-    _watch.end(call)
-    call.ctx.lock.release()
-
-
-_TAG_UB = None
-
-
-def _tag_ub(ctx):
-    global _TAG_UB
-    if _TAG_UB is None:
-        _TAG_UB = int(ctx.comm.Get_attr(MPI.TAG_UB) or 32767)
-    return _TAG_UB
-
-
-def _needs_agreement(settings, algo) -> bool:
-    """Whether a call runs the agreement step: always, unless it is off and the
-    algorithm compares every rank's call itself before reading their data.
-
-    A pure function of the call's settings and algorithm, both part of its
-    fingerprint (for ``auto``: a function of the fingerprint and the
-    communicator's agreed parameters), so ranks that make the same call
-    decide alike.
-    """
-    return settings.check or not algo.verifies_arguments
-
-
-def _prepare(what: str, comm, local: Callable[[], NamedTuple], timeout, algorithm_of=None):
-    """Local checks, then (on several ranks) the call's start and agreement.
-
-    Returns ``(ctx, checked, call)``; ``call`` is None on one rank.  The
-    caller must end a call with :func:`_leave`.  ``local`` returns a named
-    tuple with ``facts`` and ``fingerprint`` (settings -> tuple) or raises
-    TypeError/ValueError; on one rank only, that error reaches every rank
-    through the agreement step.  The step runs unless the agreement is off
-    and ``algorithm_of(ctx, checked)`` names an algorithm that verifies the
-    arguments itself (:func:`_needs_agreement`).  A rank with a bad argument
-    always runs it, so ranks that do hear what is wrong, and ranks that skip
-    it (shared memory) find a header that does not match theirs.
-    """
-    comm = _resolve_comm(comm)
-    checked, error = None, None
-    try:
-        checked = local()
-    except (TypeError, ValueError) as exc:
-        error = exc
-    settings = _settings.resolve(timeout, comm_settings(comm).get("timeout", DEFAULT))
-    if comm.Get_size() == 1:
-        if error is not None:
-            raise error
-        return None, checked, None
-    ctx = get_context(comm)
-    fp = checked.fingerprint(settings) if checked is not None else ()
-    call = _enter(ctx, what, fp, settings)
-    try:
-        agreement = settings.check or error is not None or algorithm_of is None
-        if not agreement:
-            agreement = _needs_agreement(settings, algorithm_of(ctx, checked))
-        if agreement:
-            facts = None if checked is None else tuple(checked.facts) + _settings_facts(settings)
-            agree(ctx, what, error, facts)
-    except BaseException:
-        _leave(call)
-        raise
-    return ctx, checked, call
-
-
-def _run(call: _watch.Call, algo, ctx, *args) -> None:
-    """Run an algorithm; any failure breaks the communicator and reaches every rank."""
-    try:
-        return algo(ctx, *args)
-    except ConfigurationError:
-        raise  # found by every rank together: nothing is half done
-    except BaseException as exc:
-        err = _watch.fail(call, exc)
-        if err is exc:
-            raise
-        raise err from exc
 
 
 # --- allreduce ----------------------------------------------------------------
@@ -354,35 +237,16 @@ def allreduce(sendbuf, recvbuf, op=MPI.SUM, *, comm=None, algorithm: str = "auto
                                       algorithm=algorithm, timeout=timeout)
     hit = _fastpath.lookup(sendbuf, recvbuf, op, comm, algorithm, timeout)
     if hit is not None:
-        plan, ctx = hit.plan, hit.ctx
-        call = _enter(ctx, "allreduce", plan.fingerprint, plan.settings, plan.words,
-                      plan.tag_offset)
-        try:
-            if _needs_agreement(plan.settings, plan.algo):
-                values = plan.template.copy()
-                values[0], values[1] = call.number, -call.number
-                if plan.algo.agreed is not None:
-                    # the algorithm exchanges the agreement with its data
-                    if not _run(call, plan.algo.agreed, ctx, hit.src, hit.dst, plan.kernel,
-                                values, _agree_board(ctx)):
-                        verdict(ctx, "allreduce", None, plan.facts, values)
-                    return recvbuf
-                agreed = values.tobytes()
-                agree_max(ctx, values)
-                if values.tobytes() != agreed:
-                    verdict(ctx, "allreduce", None, plan.facts, values)
-            _run(call, plan.algo.run, ctx, hit.src, hit.dst, plan.kernel)
-        finally:
-            _leave(call)
+        run_remembered(hit)
         return recvbuf
     reason = _buffers.device_reason(sendbuf, recvbuf)
     if reason is not None:
         _native("allreduce", reason)
-        _resolve_comm(comm).Allreduce(sendbuf, recvbuf, _mpi_op(op))
+        resolve_comm(comm).Allreduce(sendbuf, recvbuf, _mpi_op(op))
         return recvbuf
 
     def local():
-        algo = None if algorithm == _AUTO else _registry.get(algorithm)
+        algo = None if algorithm == AUTO else _registry.get(algorithm)
         opname = resolve_op(op)
         src, dst = _pair(sendbuf, recvbuf)
         if src.size != dst.size:
@@ -394,7 +258,7 @@ def allreduce(sendbuf, recvbuf, op=MPI.SUM, *, comm=None, algorithm: str = "auto
                  ("algorithm (-1: auto)", index))
         return _Allreduce(algo, src, dst, opname, kernel, facts)
 
-    ctx, checked, call = _prepare("allreduce", comm, local, timeout, _resolve_algorithm)
+    ctx, checked, call = prepare("allreduce", comm, local, timeout, _resolve_algorithm)
     src, dst = checked.src, checked.dst
     if call is None:  # one rank
         if src is not dst and dst.size:
@@ -405,20 +269,14 @@ def allreduce(sendbuf, recvbuf, op=MPI.SUM, *, comm=None, algorithm: str = "auto
             return recvbuf
         algo = _resolve_algorithm(ctx, checked)
         _fastpath.remember(ctx, algorithm, op, timeout, algo, checked.kernel, dst,
-                           tuple(checked.facts) + _settings_facts(call.settings), call)
-        _run(call, algo.run, ctx, src, dst, checked.kernel)
+                           tuple(checked.facts) + settings_facts(call.settings), call)
+        run_algorithm(call, algo.run, ctx, src, dst, checked.kernel)
     finally:
-        _leave(call)
+        leave(call)
     return recvbuf
 
 
 # --- the other collectives: shared steps -------------------------------------------------------
-
-# The registry family serving each collective of a call (_watch.COLLECTIVES names).
-_FAMILY = {"reduce_scatter": "reduce_scatter", "reduce_scatterv": "reduce_scatter",
-           "allgather": "allgather", "allgatherv": "allgather", "bcast": "bcast",
-           "reduce": "reduce"}
-
 
 def _mpi_op(op):
     """The MPI op for a native fallback (names as pycollective reads them)."""
@@ -431,67 +289,17 @@ def _native(what, reason):
 
 def _named(algorithm, what):
     """The registered algorithm called ``algorithm`` (None: auto); ValueError if unknown."""
-    return None if algorithm == _AUTO else _registry.get(algorithm, _FAMILY[what])
+    return None if algorithm == AUTO else _registry.get(algorithm, FAMILY[what])
 
 
 def _algorithm_fact(what, algo):
     return ("algorithm (-1: auto)", -1 if algo is None else
-            _registry.index(algo.name, _FAMILY[what]))
+            _registry.index(algo.name, FAMILY[what]))
 
 
 def _counts_fact(counts):
     """One integer that differs when the counts do (CRC-32 of the int64 vector)."""
     return ("counts (CRC-32)", zlib.crc32(np.asarray(counts, np.int64).tobytes()))
-
-
-class _Checked(NamedTuple):
-    """A checked call of one of the collectives below: what the algorithm runs on."""
-
-    what: str                            # its name in _watch.COLLECTIVES
-    algo: Optional[_registry.Algorithm]  # None: algorithm="auto", chosen after agreement
-    count: int                           # elements (bytes for bcast) of the whole vector
-    dtype: np.dtype                      # the element type the algorithm sees
-    dtype_code: int                      # for the fingerprint (the itemsize for allgather)
-    op_code: int
-    facts: Facts
-    args: tuple                          # run(ctx, *args)
-    own: tuple = ()                      # (src, dst): this rank's block to put in place first
-
-    def fingerprint(self, settings):
-        names = _registry.names(_FAMILY[self.what])
-        algo = len(names) if self.algo is None else names.index(self.algo.name)
-        return _watch.fingerprint(self.what, self.count, self.dtype_code, self.op_code, algo,
-                                  settings)
-
-
-def _call(what, comm, local, timeout, one_rank):
-    """Check, agree, then run the algorithm; ``one_rank(checked)`` on a single rank."""
-    ctx, checked, call = _prepare(what, comm, local, timeout)
-    if checked.own:
-        src, dst = checked.own
-        if src.size and src.__array_interface__["data"][0] != dst.__array_interface__["data"][0]:
-            dst[...] = src
-    if call is None:
-        one_rank(checked)
-        return
-    try:
-        if checked.count == 0:
-            return
-        algo = checked.algo
-        if algo is None:
-            algo = _choose.choose(ctx, _FAMILY[what], checked.count, checked.dtype)
-        else:
-            reason = algo.usable(ctx)
-            if reason:
-                raise ValueError(reason)
-        _run(call, algo.run, ctx, *checked.args)
-    finally:
-        _leave(call)
-
-
-def _comm_shape(comm):
-    resolved = _resolve_comm(comm)
-    return resolved.Get_size(), resolved.Get_rank()
 
 
 def _check_counts(counts, nranks, what):
@@ -553,7 +361,7 @@ def reduce_scatter(sendbuf, recvbuf, op=MPI.SUM, *, counts=None, comm=None,
                              "differently; pass a separate recvbuf")
         _native("reduce_scatter", reason)
         # counts None: mpi4py gathers the receive counts, which are partition's here.
-        _resolve_comm(comm).Reduce_scatter(sendbuf, recvbuf,
+        resolve_comm(comm).Reduce_scatter(sendbuf, recvbuf,
                                            None if counts is None else list(counts), _mpi_op(op))
         return recvbuf
     what = "reduce_scatter" if counts is None else "reduce_scatterv"
@@ -562,7 +370,7 @@ def reduce_scatter(sendbuf, recvbuf, op=MPI.SUM, *, counts=None, comm=None,
         algo = _named(algorithm, what)
         opname = resolve_op(op)
         src, dst = _pair(sendbuf, recvbuf)
-        nranks, rank = _comm_shape(comm)
+        nranks, rank = comm_shape(comm)
         if counts is None:
             bounds = chunk_bounds(src.size, nranks)
         else:
@@ -587,7 +395,7 @@ def reduce_scatter(sendbuf, recvbuf, op=MPI.SUM, *, counts=None, comm=None,
                  _algorithm_fact(what, algo))
         if counts is not None:
             facts += (_counts_fact(bounds),)
-        return _Checked(what, algo, src.size, dst.dtype, _dtype_code(dst.dtype),
+        return Checked(what, algo, src.size, dst.dtype, _dtype_code(dst.dtype),
                         OPS.index(opname), facts, (src, out, kernel, bounds))
 
     def one_rank(checked):
@@ -595,7 +403,7 @@ def reduce_scatter(sendbuf, recvbuf, op=MPI.SUM, *, counts=None, comm=None,
         if src.size and not np.may_share_memory(src, out):
             out[...] = src
 
-    _call(what, comm, local, timeout, one_rank)
+    call_collective(what, comm, local, timeout, one_rank)
     return recvbuf
 
 
@@ -606,7 +414,7 @@ def _allgather(what, sendbuf, recvbuf, counts, displs, comm, algorithm, timeout)
     def local():
         algo = _named(algorithm, what)
         dst = _flat(recvbuf, "recvbuf", writable=True)
-        nranks, rank = _comm_shape(comm)
+        nranks, rank = comm_shape(comm)
         if counts is None:
             bounds = chunk_bounds(dst.size, nranks)
             blocks = list(zip(bounds, bounds[1:]))
@@ -640,10 +448,10 @@ def _allgather(what, sendbuf, recvbuf, counts, displs, comm, algorithm, timeout)
         if counts is not None:
             facts += (_counts_fact(sizes),)
         byte_blocks = [(a * item, b * item) for a, b in blocks]
-        return _Checked(what, algo, sum(sizes) * item, np.dtype(np.uint8), item, -1, facts,
+        return Checked(what, algo, sum(sizes) * item, np.dtype(np.uint8), item, -1, facts,
                         (dst.view(np.uint8), byte_blocks), () if src is None else (src, dst[lo:hi]))
 
-    _call(what, comm, local, timeout, lambda checked: None)
+    call_collective(what, comm, local, timeout, lambda checked: None)
     return recvbuf
 
 
@@ -670,7 +478,7 @@ def allgather(sendbuf, recvbuf, *, comm=None, algorithm: str = "auto", timeout=D
     if reason is not None:
         _native("allgather", reason)
         # A bare recvbuf: mpi4py splits it as partition does (the first ranks one more).
-        _resolve_comm(comm).Allgatherv(sendbuf, recvbuf)
+        resolve_comm(comm).Allgatherv(sendbuf, recvbuf)
         return recvbuf
     return _allgather("allgather", sendbuf, recvbuf, None, None, comm, algorithm, timeout)
 
@@ -701,7 +509,7 @@ def allgatherv(sendbuf, recvbuf, counts, displs=None, *, comm=None, algorithm: s
     if reason is not None:
         _native("allgatherv", reason)
         layout = (list(counts), None if displs is None else list(displs))
-        _resolve_comm(comm).Allgatherv(sendbuf, [recvbuf, layout])
+        resolve_comm(comm).Allgatherv(sendbuf, [recvbuf, layout])
         return recvbuf
     return _allgather("allgatherv", sendbuf, recvbuf, counts, displs, comm, algorithm, timeout)
 
@@ -741,13 +549,13 @@ def reduce(sendbuf, recvbuf, op=MPI.SUM, *, root=0, comm=None, algorithm: str = 
     reason = _buffers.device_reason(sendbuf, recvbuf)
     if reason is not None:
         _native("reduce", reason)
-        _resolve_comm(comm).Reduce(sendbuf, recvbuf, _mpi_op(op), root)
+        resolve_comm(comm).Reduce(sendbuf, recvbuf, _mpi_op(op), root)
         return recvbuf
 
     def local():
         algo = _named(algorithm, "reduce")
         opname = resolve_op(op)
-        nranks, rank = _comm_shape(comm)
+        nranks, rank = comm_shape(comm)
         where = _check_root(root, nranks)
         if rank == where:
             src, dst = _pair(sendbuf, recvbuf)
@@ -762,7 +570,7 @@ def reduce(sendbuf, recvbuf, op=MPI.SUM, *, root=0, comm=None, algorithm: str = 
         kernel = get_kernel(opname, src.dtype)
         facts = (("count", src.size), ("dtype", src.dtype.num), ("op", OPS.index(opname)),
                  _algorithm_fact("reduce", algo), ("root", where))
-        return _Checked("reduce", algo, src.size, src.dtype, _dtype_code(src.dtype),
+        return Checked("reduce", algo, src.size, src.dtype, _dtype_code(src.dtype),
                         OPS.index(opname), facts, (src, dst, kernel, where))
 
     def one_rank(checked):
@@ -770,7 +578,7 @@ def reduce(sendbuf, recvbuf, op=MPI.SUM, *, root=0, comm=None, algorithm: str = 
         if src is not dst and src.size:
             dst[...] = src
 
-    _call("reduce", comm, local, timeout, one_rank)
+    call_collective("reduce", comm, local, timeout, one_rank)
     return recvbuf
 
 
@@ -794,19 +602,19 @@ def bcast(buf, *, root=0, comm=None, algorithm: str = "auto", timeout=DEFAULT):
     reason = _buffers.device_reason(buf)
     if reason is not None:
         _native("bcast", reason)
-        _resolve_comm(comm).Bcast(buf, root)
+        resolve_comm(comm).Bcast(buf, root)
         return buf
 
     def local():
         algo = _named(algorithm, "bcast")
-        nranks, rank = _comm_shape(comm)
+        nranks, rank = comm_shape(comm)
         where = _check_root(root, nranks)
         data = _flat(buf, "buf", writable=rank != where).view(np.uint8)
         facts = (("bytes", data.size), _algorithm_fact("bcast", algo), ("root", where))
-        return _Checked("bcast", algo, data.size, np.dtype(np.uint8), -1, -1, facts,
+        return Checked("bcast", algo, data.size, np.dtype(np.uint8), -1, -1, facts,
                         (data, where))
 
-    _call("bcast", comm, local, timeout, lambda checked: None)
+    call_collective("bcast", comm, local, timeout, lambda checked: None)
     return buf
 
 

@@ -34,10 +34,10 @@ import math
 
 import numpy as np
 
-from .._registry import register
-from ._node import node_state, on_one_node
+from ._node import node_state
 from ._p2p import irecv, isend, wait
-from .reduce_scatter import call_segment_bytes, pipeline_overlap, segments
+from .reduce_scatter import (call_segment_bytes, chunk_bytes, pipeline_overlap,
+                             register_ring_family, segments)
 
 __all__ = ["ring_allgather"]
 
@@ -106,18 +106,14 @@ def _shm(ctx, buf, blocks):
         state.sync()
 
 
-def _chunk(nranks, count, itemsize):
-    return -(-count // nranks) * itemsize
-
-
 def ring_cost(nranks, count, itemsize, alpha, beta, gamma):
     """α-β-γ time of "ring" (see the essay); ``count`` is the whole gathered vector."""
-    return (nranks - 1) * (alpha + _chunk(nranks, count, itemsize) * beta)
+    return (nranks - 1) * (alpha + chunk_bytes(nranks, count, itemsize) * beta)
 
 
 def ring_pipelined_cost(nranks, count, itemsize, alpha, beta, gamma):
     """α-β-γ time of "ring_pipelined" (see the essay)."""
-    chunk = _chunk(nranks, count, itemsize)
+    chunk = chunk_bytes(nranks, count, itemsize)
     g, hidden = pipeline_overlap(nranks, chunk, itemsize)
     return (nranks - 1 + g - 1) * alpha + ((nranks - 1) - hidden) * chunk * beta
 
@@ -129,10 +125,9 @@ def shm_cost(nranks, count, itemsize, alpha, beta, gamma):
     return (1 + (nbytes > 1 << 20)) * sync + nbytes * beta
 
 
-register("ring", _ring, "N-1 steps around a ring, one block per message",
-         cost=ring_cost, tags=(TAG_RING,), collective="allgather")
-register("ring_pipelined", _ring_pipelined,
-         "the ring in segments: each piece is forwarded as soon as it arrives",
-         cost=ring_pipelined_cost, tags=(TAG_RING_PIPELINED,), collective="allgather")
-register("shm", _shm, "one node: each rank copies the others' blocks from shared memory",
-         cost=shm_cost, usable=on_one_node, collective="allgather")
+register_ring_family(
+    "allgather", (TAG_RING, TAG_RING_PIPELINED),
+    ring=(_ring, "N-1 steps around a ring, one block per message", ring_cost),
+    ring_pipelined=(_ring_pipelined, "the ring in segments: each piece is forwarded as soon "
+                    "as it arrives", ring_pipelined_cost),
+    shm=(_shm, "one node: each rank copies the others' blocks from shared memory", shm_cost))

@@ -48,7 +48,7 @@ from ._node import node_state, on_one_node, reduce_range
 from ._p2p import irecv, isend, wait
 
 __all__ = ["segments", "ring_reduce_scatter", "call_segment_bytes", "ring_cost",
-           "ring_pipelined_cost", "pipeline_overlap"]
+           "ring_pipelined_cost", "pipeline_overlap", "chunk_bytes", "register_ring_family"]
 
 TAG_RING, TAG_RING_PIPELINED = 181, 182
 _DEPTH = 4  # receive segments in flight ("ring_pipelined"); whole blocks: 2
@@ -141,13 +141,14 @@ def _shm(ctx, src, out, kernel, bounds):
         state.sync()
 
 
-def _chunk(nranks, count, itemsize):
+def chunk_bytes(nranks, count, itemsize):
+    """c = ⌈M/N⌉·s: the bytes of one block in the costs of the ring families."""
     return -(-count // nranks) * itemsize
 
 
 def ring_cost(nranks, count, itemsize, alpha, beta, gamma):
     """α-β-γ time of "ring" (see the essay): N-1 steps of one block each."""
-    steps, chunk = nranks - 1, _chunk(nranks, count, itemsize)
+    steps, chunk = nranks - 1, chunk_bytes(nranks, count, itemsize)
     return steps * (alpha + chunk * beta) + steps * chunk * gamma
 
 
@@ -160,7 +161,7 @@ def pipeline_overlap(nranks, chunk, itemsize):
 
 def ring_pipelined_cost(nranks, count, itemsize, alpha, beta, gamma):
     """α-β-γ time of "ring_pipelined" (see the essay): the ring, in g segments per block."""
-    chunk = _chunk(nranks, count, itemsize)
+    chunk = chunk_bytes(nranks, count, itemsize)
     g, hidden = pipeline_overlap(nranks, chunk, itemsize)
     return (ring_cost(nranks, count, itemsize, alpha, beta, gamma) + (g - 1) * alpha
             - hidden * chunk * min(beta, gamma))
@@ -174,10 +175,24 @@ def shm_cost(nranks, count, itemsize, alpha, beta, gamma):
     return (1 + (nbytes > 1 << 20)) * sync + moved * beta + moved * gamma
 
 
-register("ring", _ring, "N-1 steps around a ring, one block per message",
-         cost=ring_cost, tags=(TAG_RING,), collective="reduce_scatter")
-register("ring_pipelined", _ring_pipelined,
-         "the ring in segments with Isend/Irecv: reducing one segment overlaps the next's transfer",
-         cost=ring_pipelined_cost, tags=(TAG_RING_PIPELINED,), collective="reduce_scatter")
-register("shm", _shm, "one node: each rank reduces its block straight from the others' memory",
-         cost=shm_cost, usable=on_one_node, collective="reduce_scatter")
+def register_ring_family(collective, tags, ring, ring_pipelined, shm):
+    """Register ``collective``'s "ring", "ring_pipelined" (message ``tags``) and "shm".
+
+    Each of the three is ``(run, summary, cost)``; "shm" runs on one node only.
+    Reduce-scatter's and allgather's families are registered this way, in this order.
+    """
+    tag_ring, tag_pipelined = tags
+    for name, (run, summary, cost), more in (
+            ("ring", ring, {"tags": (tag_ring,)}),
+            ("ring_pipelined", ring_pipelined, {"tags": (tag_pipelined,)}),
+            ("shm", shm, {"usable": on_one_node})):
+        register(name, run, summary, cost=cost, collective=collective, **more)
+
+
+register_ring_family(
+    "reduce_scatter", (TAG_RING, TAG_RING_PIPELINED),
+    ring=(_ring, "N-1 steps around a ring, one block per message", ring_cost),
+    ring_pipelined=(_ring_pipelined, "the ring in segments with Isend/Irecv: reducing one "
+                    "segment overlaps the next's transfer", ring_pipelined_cost),
+    shm=(_shm, "one node: each rank reduces its block straight from the others' memory",
+         shm_cost))
