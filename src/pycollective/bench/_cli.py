@@ -351,13 +351,27 @@ def main(argv=None, comm=None, out=None):
 
 
 def _cli():
-    if MPI.COMM_WORLD.Get_rank() == 0 and hasattr(signal, "SIGPIPE"):
+    alone = MPI.COMM_WORLD.Get_size() == 1
+    if MPI.COMM_WORLD.Get_rank() == 0 and hasattr(signal, "SIGPIPE") and not alone:
         # A reader that goes away (`| head`) ends this process quietly, as it
         # would any Unix filter, instead of a BrokenPipeError traceback; the
         # launcher then ends the job (a rank stopping on its own would leave
         # the others waiting).
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    rows, _ = main()
+    try:
+        rows, _ = main()
+    except BrokenPipeError:
+        if not alone or not hasattr(signal, "SIGPIPE"):
+            raise
+        # Started without a launcher there is nobody to end the job, and an
+        # MPI library that initialised itself (a singleton) leaves its
+        # segment in /dev/shm unless it is finalized: finalize, then die of
+        # SIGPIPE as a filter would.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        MPI.Finalize()
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGPIPE)
+        raise
     # Every rank holds the same agreed rows, so every rank exits the same way.
     sys.exit(1 if failures(rows) else 0)
 
