@@ -14,18 +14,30 @@ Columns of the ledger (one row per N and stage; bytes per rank):
                  (activations, buckets, gathered layers and temporaries too)
   sent           elements this rank sent in one step (largest over ranks)
   lecture sent   2M(N-1)/N (stages 0-2), 3M(N-1)/N (stage 3)
-  comm ms        time in the step's collectives (slowest rank)
-  model ms       alpha-beta-gamma prediction of those collectives
-  comm/model     their ratio (ranks beyond the cores, or a loaded machine,
-                 inflate it: every step of a ring waits for a descheduled peer)
+  step ms        one training step (slowest rank; lower quartile of --steps)
+  in step ms     time the step spent inside its collective calls: with
+                 waiting for peers still computing, without what overlapped
+  comm ms        the step's calls replayed one at a time, each after a
+                 barrier: the collectives alone (slowest rank, lower quartile)
+  model ms       alpha-beta-gamma prediction of those calls, with alpha,
+                 beta, gamma measured on the group just before (or, with
+                 --no-calibrate, the saved calibration or built-in defaults)
+  comm/model     their ratio
+  1-elem ms      the same calls with one element per rank (replayed alike):
+                 the cost of a call besides its bytes; 1-elem model: the
+                 model's alpha terms of those calls
+
+The group of size N is the world's first N ranks; the others sleep meanwhile.
 """
 
 import argparse
 import json
+import os
 import sys
 
 from mpi4py import MPI
 
+from .._about import environment
 from .._table import fmt_num, format_table
 from .._units import count_arg
 from ..model.ledger import LECTURE_MEMORY, LECTURE_TRAFFIC, worked_example_4_5
@@ -56,9 +68,13 @@ COLUMNS = [
     ("sent", lambda r: r["sent"]),
     ("lecture sent", lambda r: f"{LECTURE_TRAFFIC[r['stage']]}(N-1)/N={r['sent_formula']:.0f}"),
     ("sent/lecture", lambda r: _ratio(r["sent"], r["sent_formula"])),
+    ("step ms", lambda r: fmt_num(r["step_s"] * 1e3)),
+    ("in step ms", lambda r: fmt_num(r["in_step_s"] * 1e3)),
     ("comm ms", lambda r: fmt_num(r["comm_s"] * 1e3)),
     ("model ms", lambda r: fmt_num(r["predicted_s"] * 1e3)),
     ("comm/model", lambda r: "-" if not r["predicted_s"] else fmt_num(r["comm_s"] / r["predicted_s"])),
+    ("1-elem ms", lambda r: fmt_num(r["fixed_s"] * 1e3)),
+    ("1-elem model ms", lambda r: fmt_num(r["fixed_predicted_s"] * 1e3)),
 ]
 
 
@@ -92,6 +108,11 @@ def main(argv=None):
                    help="parameters of the measured MLP, about (3 square layers)")
     p.add_argument("--sizes", default="1,2,4,8", help="communicator sizes N to measure")
     p.add_argument("--precision", choices=sorted(PRECISIONS), default="fp16")
+    p.add_argument("--no-calibrate", action="store_true",
+                   help="predict with the saved calibration or the built-in defaults instead of "
+                        "measuring alpha, beta, gamma on each group first")
+    p.add_argument("--steps", type=int, default=5,
+                   help="measured training steps (their lower quartile is shown)")
     p.add_argument("--json", default=None, metavar="FILE", help="also write the rows as JSON")
     args = p.parse_args(argv)
     if not (args.ledger or args.example_4_5):
@@ -103,13 +124,21 @@ def main(argv=None):
         print("\n".join(example_lines()), file=out)
     if args.ledger:
         sizes = [int(s) for s in args.sizes.split(",") if s]
-        rows = measure(world, args.M, sizes=sizes, precision=args.precision)
+        about = environment(world)
+        load_before = os.getloadavg()[0]
+        rows = measure(world, args.M, sizes=sizes, precision=args.precision,
+                       calibrate=not args.no_calibrate, steps=args.steps)
         if out:
             print(f"# python -m pycollective.zero --ledger --M {args.M} --precision "
                   f"{args.precision} on {world.Get_size()} ranks; MLP of {rows[0]['count']} "
                   "parameters; bytes per rank (rank 0), MB = 1e6 B", file=out)
+            print(f"# {about['time_utc']} on {about['hostname']} ({about['cpu_count']} CPUs), "
+                  f"{about['mpi_library'].splitlines()[0]}; load average (1 min) "
+                  f"{load_before:.2f} before, {os.getloadavg()[0]:.2f} after", file=out)
             print(format_table(COLUMNS, rows, prefix="# "), file=out)
-            print(f"# model parameters: {rows[0]['params_source']}", file=out)
+            for source in dict.fromkeys(r["params_source"] for r in rows if r["nranks"] > 1):
+                ns = sorted({r["nranks"] for r in rows if r["params_source"] == source})
+                print(f"# model parameters (N = {', '.join(map(str, ns))}): {source}", file=out)
             if args.json:
                 with open(args.json, "w") as f:
                     json.dump(rows, f, indent=1)
