@@ -2,6 +2,7 @@
 
     scripts/run_mpi.sh 8 -m pycollective.zero --ledger              # N = 1, 2, 4, 8
     scripts/run_mpi.sh 8 -m pycollective.zero --ledger --M 1e6 --json ledger.json
+    scripts/run_mpi.sh 2 -m pycollective.zero --overlap --precision fp32   # stage 2's overlap
     python -m pycollective.zero --example-4-5
 
 Columns of the ledger (one row per N and stage; bytes per rank):
@@ -35,13 +36,15 @@ import json
 import os
 import sys
 
+import numpy as np
 from mpi4py import MPI
 
 from .._about import environment
 from .._table import fmt_num, format_table
+from .._timing import lower_quartile
 from .._units import count_arg
 from ..model.ledger import LECTURE_MEMORY, LECTURE_TRAFFIC, worked_example_4_5
-from ._ledger import measure
+from ._ledger import measure, overlap
 from ._precision import PRECISIONS
 
 
@@ -102,6 +105,11 @@ def main(argv=None):
                                 epilog=__doc__.split("\n\n", 2)[2])
     p.add_argument("--ledger", action="store_true",
                    help="measure the memory and traffic ledger (collective: run under mpiexec)")
+    p.add_argument("--overlap", action="store_true",
+                   help="time stage 2 steps with the gradient reduce-scatters waited for layer "
+                        "by layer (buckets_in_flight=1) and overlapped with the backward (2), "
+                        "interleaved (collective)")
+    p.add_argument("--batch", type=int, default=8, help="samples per rank")
     p.add_argument("--example-4-5", action="store_true",
                    help="print the lecture's worked example 4.5 from the model's formulas")
     p.add_argument("--M", type=count_arg, default=3_000_000,
@@ -115,8 +123,8 @@ def main(argv=None):
                    help="measured training steps (their lower quartile is shown)")
     p.add_argument("--json", default=None, metavar="FILE", help="also write the rows as JSON")
     args = p.parse_args(argv)
-    if not (args.ledger or args.example_4_5):
-        p.error("nothing to do: give --ledger and/or --example-4-5")
+    if not (args.ledger or args.example_4_5 or args.overlap):
+        p.error("nothing to do: give --ledger, --overlap and/or --example-4-5")
     world = MPI.COMM_WORLD
     out = sys.stdout if world.Get_rank() == 0 else None
     rows = []
@@ -127,7 +135,7 @@ def main(argv=None):
         about = environment(world)
         load_before = os.getloadavg()[0]
         rows = measure(world, args.M, sizes=sizes, precision=args.precision,
-                       calibrate=not args.no_calibrate, steps=args.steps)
+                       calibrate=not args.no_calibrate, steps=args.steps, batch=args.batch)
         if out:
             print(f"# python -m pycollective.zero --ledger --M {args.M} --precision "
                   f"{args.precision} on {world.Get_size()} ranks; MLP of {rows[0]['count']} "
@@ -142,6 +150,20 @@ def main(argv=None):
             if args.json:
                 with open(args.json, "w") as f:
                     json.dump(rows, f, indent=1)
+    if args.overlap:
+        load_before = os.getloadavg()[0]
+        got = overlap(world, args.M, precision=args.precision, batch=args.batch)
+        if out:
+            base = got[1]
+            print(f"# stage 2 step, MLP of about {args.M:.3g} parameters ({args.precision}), "
+                  f"batch {args.batch} per rank, {world.Get_size()} ranks, {len(base)} steps "
+                  f"each, interleaved; load average {load_before:.2f} before, "
+                  f"{os.getloadavg()[0]:.2f} after", file=out)
+            print("# buckets_in_flight  median ms  lower quartile ms  median / in flight 1",
+                  file=out)
+            for k, t in got.items():
+                print(f"  {k:17d}  {np.median(t) * 1e3:9.2f}  {lower_quartile(t) * 1e3:17.2f}  "
+                      f"{np.median(t) / np.median(base):20.3f}", file=out)
     return rows
 
 

@@ -60,7 +60,7 @@ from ._mlp import MLP
 from ._optimizer import ZeroOptimizer
 from ._precision import PRECISIONS
 
-__all__ = ["measure", "mlp_for", "rss", "replay", "predict"]
+__all__ = ["measure", "mlp_for", "rss", "replay", "predict", "overlap"]
 
 _DTYPES = {d.name: d for d in list(PRECISIONS.values()) + [np.dtype(np.int32)]}
 
@@ -275,3 +275,32 @@ def measure(world, count, *, sizes=(1, 2, 4, 8), stages=STAGES, precision="fp16"
                 fixed_predicted_s=got["fixed_predicted_s"], predicted_s=got["predicted_s"],
                 params_source=got["source"]))
     return rows
+
+
+def overlap(comm, count, *, precision="fp32", stage=2, batch=8, limits=(1, 2), reps=15,
+            seed=0, nlayers=3):
+    """Step times of ``stage`` with each ``buckets_in_flight`` in ``limits``, interleaved.
+
+    1 waits for each layer's reduce-scatter before the next layer's backward
+    (no overlap); larger values let it run during the backward below.
+    Collective over ``comm``.  Returns ``{limit: slowest rank's step time of
+    each repetition}`` (the same on every rank), and checks that every limit
+    ends with bitwise the same master weights.
+    """
+    model = mlp_for(count, nlayers)
+    rng = np.random.default_rng(seed + comm.Get_rank())
+    x = rng.standard_normal((batch, model.sizes[0])).astype(np.float32)
+    y = rng.integers(0, model.sizes[-1], batch)
+    opts = {k: ZeroOptimizer(model.init(seed), model.layers, comm, stage=stage,
+                             precision=precision, buckets_in_flight=k) for k in limits}
+    for opt in opts.values():  # warm-up: kernels, contexts, the helper thread
+        model.train_step(opt, x, y, batch * comm.Get_size())
+    times = {k: [] for k in limits}
+    for _ in range(reps):
+        for k, opt in opts.items():
+            times[k].append(timed_call(comm, lambda o=opt: model.train_step(
+                o, x, y, batch * comm.Get_size())))
+    masters = [opt.master for opt in opts.values()]
+    if not all(np.array_equal(m, masters[0]) for m in masters[1:]):
+        raise AssertionError("buckets_in_flight changed the weights")
+    return {k: slowest(comm, v) for k, v in times.items()}
