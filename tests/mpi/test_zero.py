@@ -232,6 +232,37 @@ def test_ledger_agrees_with_the_lecture():
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_counted_traffic_is_what_the_library_sends(monkeypatch, stage):
+    """The ledger's count (from the ring's schedule) against the bytes the algorithms hand
+    to MPI, caught at their point-to-point helpers, on both threads."""
+    import threading
+
+    from pycollective.algorithms import allgather, reduce_scatter, ring
+    world = MPI.COMM_WORLD
+    sent, lock = [0], threading.Lock()
+
+    def counting(fn, which):
+        def wrapper(comm, buf, *args):
+            if comm.Get_size() == world.Get_size():  # not the test's other communicators
+                with lock:
+                    sent[0] += buf.nbytes
+            return fn(comm, buf, *args)
+        return wrapper
+    for module, name in ((ring, "sendrecv"), (reduce_scatter, "isend"), (allgather, "isend")):
+        monkeypatch.setattr(module, name, counting(getattr(module, name), name))
+    model = zero.MLP([30, 17, 9])
+    opt = zero.ZeroOptimizer(model.init(0), model.layers, world, stage=stage, precision="fp16",
+                             compress="fp16")
+    x = np.random.default_rng(world.Get_rank()).standard_normal((4, 30)).astype(np.float32)
+    y = np.arange(4) % 9
+    model.train_step(opt, x, y, 4 * world.Get_size())  # warm-up: contexts, the helper
+    sent[0], opt.comms.traffic = 0, type(opt.comms.traffic)()
+    model.train_step(opt, x, y, 4 * world.Get_size())
+    assert sent[0] == opt.comms.traffic.bytes > 0, (sent[0], opt.comms.traffic)
+
+
+@pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("stage", [2, 3])
 @pytest.mark.parametrize("limit", [1, 2])
 def test_gradient_reduce_scatters_overlap_backward_and_stay_bounded(monkeypatch, stage, limit):

@@ -75,7 +75,7 @@ COLUMNS = [
     ("in step ms", lambda r: fmt_num(r["in_step_s"] * 1e3)),
     ("comm ms", lambda r: fmt_num(r["comm_s"] * 1e3)),
     ("model ms", lambda r: fmt_num(r["predicted_s"] * 1e3)),
-    ("comm/model", lambda r: "-" if not r["predicted_s"] else fmt_num(r["comm_s"] / r["predicted_s"])),
+    ("comm/model", lambda r: _ratio(r["comm_s"], r["predicted_s"])),
     ("1-elem ms", lambda r: fmt_num(r["fixed_s"] * 1e3)),
     ("1-elem model ms", lambda r: fmt_num(r["fixed_predicted_s"] * 1e3)),
 ]

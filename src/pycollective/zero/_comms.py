@@ -130,7 +130,7 @@ class Comms:
         return self._helper and self.nranks > 1 and np.dtype(dtype) in _NAMEABLE
 
     def start_reduce_scatter(self, buf, out):
-        """Start summing ``buf`` over the ranks into ``out`` (this rank's chunk); a :class:`Pending`.
+        """Start summing ``buf`` over the ranks into ``out`` (its chunk here); a :class:`Pending`.
 
         ``buf`` must stay unchanged and ``out`` unread until :meth:`wait`.
         """
