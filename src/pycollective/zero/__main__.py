@@ -147,6 +147,13 @@ def main(argv=None):
             for source in dict.fromkeys(r["params_source"] for r in rows if r["nranks"] > 1):
                 ns = sorted({r["nranks"] for r in rows if r["params_source"] == source})
                 print(f"# model parameters (N = {', '.join(map(str, ns))}): {source}", file=out)
+            wire = PRECISIONS[rows[0]["precision"]].name
+            for r in rows:
+                if r["nranks"] > 1 and r["stage"] == rows[0]["stage"]:
+                    m = r["rates"]
+                    print(f"#   N = {r['nranks']}: alpha {m['alpha'] * 1e6:.3g} us, beta "
+                          f"{m['beta'] * 1e9:.3g} ns/B, gamma({wire}) {m['gamma'] * 1e9:.3g} ns/B "
+                          f"(at a chunk of {m['chunk']} elements)", file=out)
             if args.json:
                 with open(args.json, "w") as f:
                     json.dump(rows, f, indent=1)

@@ -248,6 +248,9 @@ def measure(world, count, *, sizes=(1, 2, 4, 8), stages=STAGES, precision="fp16"
         mine = None
         if comm != MPI.COMM_NULL:
             flat, source = _model_params(comm, dtypes, calibrate, saved)
+            chunk = -(-max(model.layer_sizes) // n)  # a layer's ring chunk, in elements
+            beta, gamma = rates(flat, chunk, PRECISIONS[precision])
+            rates_at_chunk = dict(alpha=flat["alpha"], beta=beta, gamma=gamma, chunk=chunk)
             mine = []
             for stage in stages:
                 got = _one(comm, model, stage, precision, batch, seed, steps, reps)
@@ -255,7 +258,7 @@ def measure(world, count, *, sizes=(1, 2, 4, 8), stages=STAGES, precision="fp16"
                 got["predicted_s"] = predict(got["call_log"], n, flat)
                 got["fixed_predicted_s"] = predict([(c, n, d) for c, _, d in got["call_log"]],
                                                    n, flat)
-                got["source"] = source
+                got["source"], got["rates"] = source, rates_at_chunk
                 mine.append(got)
             comm.Free()
         _sleep_until_all_arrive(world)
@@ -273,7 +276,7 @@ def measure(world, count, *, sizes=(1, 2, 4, 8), stages=STAGES, precision="fp16"
                 step_s=got["step_s"], layers=got["layers"], call_log=got["call_log"],
                 call_s=got["call_s"], fixed_s=got["fixed_s"],
                 fixed_predicted_s=got["fixed_predicted_s"], predicted_s=got["predicted_s"],
-                params_source=got["source"]))
+                params_source=got["source"], rates=got["rates"]))
     return rows
 
 
