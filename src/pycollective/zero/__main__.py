@@ -110,6 +110,7 @@ def main(argv=None):
                         "by layer (buckets_in_flight=1) and overlapped with the backward (2), "
                         "interleaved (collective)")
     p.add_argument("--batch", type=int, default=8, help="samples per rank")
+    p.add_argument("--reps", type=int, default=15, help="--overlap: steps of each kind")
     p.add_argument("--example-4-5", action="store_true",
                    help="print the lecture's worked example 4.5 from the model's formulas")
     p.add_argument("--M", type=count_arg, default=3_000_000,
@@ -159,7 +160,7 @@ def main(argv=None):
                     json.dump(rows, f, indent=1)
     if args.overlap:
         load_before = os.getloadavg()[0]
-        got = overlap(world, args.M, precision=args.precision, batch=args.batch)
+        got = overlap(world, args.M, precision=args.precision, batch=args.batch, reps=args.reps)
         if out:
             base = got[1]
             print(f"# stage 2 step, MLP of about {args.M:.3g} parameters ({args.precision}), "
