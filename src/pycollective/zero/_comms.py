@@ -152,7 +152,7 @@ class Comms:
             t0 = time.perf_counter()
             pending.request.Wait()
             self.traffic.seconds += time.perf_counter() - t0
-            pending.request = pending.buf = None
+            pending.request = pending.buf = pending.out = None
 
     def allgather(self, buf, counted=True):
         """Fill every rank's chunk of ``buf`` from its owner (this rank's is in place)."""

@@ -299,8 +299,9 @@ def overlap(comm, count, *, precision="fp32", stage=2, batch=8, limits=(1, 2), r
     for opt in opts.values():  # warm-up: kernels, contexts, the helper thread
         model.train_step(opt, x, y, batch * comm.Get_size())
     times = {k: [] for k in limits}
-    for _ in range(reps):
-        for k, opt in opts.items():
+    for rep in range(reps):
+        order = list(opts.items())
+        for k, opt in (order if rep % 2 == 0 else order[::-1]):  # neither always goes first
             times[k].append(timed_call(comm, lambda o=opt: model.train_step(
                 o, x, y, batch * comm.Get_size())))
     masters = [opt.master for opt in opts.values()]
