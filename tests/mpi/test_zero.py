@@ -266,17 +266,20 @@ def test_counted_traffic_is_what_the_library_sends(monkeypatch, stage):
 @pytest.mark.parametrize("stage", [2, 3])
 @pytest.mark.parametrize("limit", [1, 2])
 def test_gradient_reduce_scatters_overlap_backward_and_stay_bounded(monkeypatch, stage, limit):
-    """Started during backward (pycollective's ring, on the drop-in's helper), completed
-    before the update, at most ``limit`` buckets alive; the weights are stage 0's."""
-    import pycollective.comm
+    """Started during backward (pycollective's ring, on the drop-in's helper thread),
+    completed before the update, at most ``limit`` buckets alive; the weights are stage 0's."""
+    import threading
+
+    from pycollective.algorithms import reduce_scatter
     world = MPI.COMM_WORLD
     ran = []
-    real = pycollective.comm.reduce_scatter
+    real = reduce_scatter.ring_reduce_scatter
 
-    def spy(*args, **kw):
-        ran.append(kw.get("algorithm"))
-        return real(*args, **kw)
-    monkeypatch.setattr(pycollective.comm, "reduce_scatter", spy)
+    def spy(ctx, src, out, kernel, bounds, seg, tag):
+        if ctx.size == world.Get_size():
+            ran.append((tag, threading.current_thread() is threading.main_thread()))
+        return real(ctx, src, out, kernel, bounds, seg, tag)
+    monkeypatch.setattr(reduce_scatter, "ring_reduce_scatter", spy)
     model = zero.MLP([7, 33, 20, 13, 5])  # 5 layers whose sizes N does not divide
     xtr, ytr, _, _ = train_mlp.load_data("float32")
     batches = _batches(3, 32, world.Get_rank(), world.Get_size())
@@ -302,4 +305,6 @@ def test_gradient_reduce_scatters_overlap_backward_and_stay_bounded(monkeypatch,
     assert opt.peak_transient <= (limit + (stage == 3)) * layer_bytes
     overlapped = MPI.Query_thread() >= MPI.THREAD_MULTIPLE
     assert all(nonblocking == overlapped for nonblocking, _ in started)
-    assert ran == (["ring"] * 3 * len(model.layers) if overlapped else [])
+    # Every reduce-scatter of the 3 steps ran the library's ring: on the helper thread
+    # when overlapped, on the main thread (stage 0's order either way) otherwise.
+    assert ran == [(reduce_scatter.TAG_RING, not overlapped)] * 3 * len(model.layers), ran
