@@ -402,6 +402,7 @@ def accuracy_table(comm, *, epochs=3, batch_size=64, hidden=(64, 64), lr=0.01, s
     same order); raises RuntimeError otherwise.
     """
     results = {}
+    load_before = os.getloadavg()[0]
     for precision in PRECISION_CHOICES:
         for compress in COMPRESS_CHOICES:
             master0 = None
@@ -421,6 +422,9 @@ def accuracy_table(comm, *, epochs=3, batch_size=64, hidden=(64, 64), lr=0.01, s
               f"[64, {', '.join(map(str, hidden))}, 10], global batch {batch_size}, adam lr={lr} "
               "(steps skipped for overflow in brackets); stages 1-3 end with bitwise the "
               "master weights of stage 0", file=out)
+        print(f"# finished {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}, "
+              f"load average (1 min) {load_before:.2f} before, {os.getloadavg()[0]:.2f} after",
+              file=out)
         header = "| --precision | --compress | " + " | ".join(
             f"stage {s}" for s in range(4)) + " |"
         print(header + "\n|" + "---|" * 6, file=out)

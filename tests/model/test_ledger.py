@@ -3,8 +3,9 @@
 import pytest
 
 from pycollective.algorithms.ring import ring_cost
-from pycollective.model.ledger import (collectives_per_iteration, memory_per_rank, ring_sent,
-                                       stage_comm_time, traffic_per_rank, worked_example_4_5)
+from pycollective.model.ledger import (call_time, collectives_per_iteration, memory_per_rank,
+                                       ring_sent, stage_comm_time, traffic_per_rank,
+                                       worked_example_4_5)
 from _cases import quoted
 
 
@@ -74,3 +75,17 @@ def test_stage_time_is_the_rings_halves():
     assert stage_comm_time(1, layers, 4, 2, **kw) == pytest.approx(ring)
     assert stage_comm_time(3, layers, 4, 2, **kw) > 1.4 * ring
     assert stage_comm_time(3, layers, 1, 2, **kw) == 0.0
+
+
+def test_call_time_prices_each_ring_half():
+    kw = dict(alpha=3e-6, beta=1e-10, gamma=2e-9)
+    rs = call_time("reduce_scatter", 1001, 4, 2, **kw)
+    ag = call_time("allgather", 1001, 4, 2, **kw)
+    assert rs == pytest.approx(3 * (3e-6 + 251 * 2 * 1e-10) + 3 * 251 * 2 * 2e-9)
+    assert ag == pytest.approx(3 * (3e-6 + 251 * 2 * 1e-10))
+    assert call_time("allreduce", 1001, 4, 2, **kw) == pytest.approx(rs + ag)
+    assert call_time("allreduce", 1001, 4, 2, **kw) == pytest.approx(ring_cost(4, 1001, 2,
+                                                                               *kw.values()))
+    assert call_time("allgather", 0, 4, 2, **kw) == call_time("allgather", 5, 1, 2, **kw) == 0
+    with pytest.raises(ValueError, match="no ring schedule"):
+        call_time("bcast", 5, 2, 2, **kw)

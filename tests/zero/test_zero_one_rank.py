@@ -64,6 +64,9 @@ def test_bad_arguments():
         zero.ZeroOptimizer(MODEL.init(0), [[0], [2, 3]], SELF)
     with pytest.raises(ValueError, match="unknown compression"):
         zero.ZeroOptimizer(MODEL.init(0), MODEL.layers, SELF, compress="int4")
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="buckets_in_flight"):
+            zero.ZeroOptimizer(MODEL.init(0), MODEL.layers, SELF, stage=2, buckets_in_flight=bad)
 
 
 def test_overflow_skips_the_step_and_keeps_the_weights():

@@ -42,7 +42,8 @@ from typing import Dict, List, NamedTuple, Sequence
 from .._partition import chunk_bounds
 
 __all__ = ["STAGES", "LECTURE_MEMORY", "memory_per_rank", "traffic_per_rank", "ring_sent",
-           "collectives_per_iteration", "stage_comm_time", "worked_example_4_5", "Example45"]
+           "collectives_per_iteration", "call_time", "stage_comm_time", "worked_example_4_5",
+           "Example45"]
 
 STAGES = (0, 1, 2, 3)
 
@@ -136,11 +137,23 @@ def collectives_per_iteration(stage, layer_sizes: Sequence[int]) -> List[tuple]:
     return calls
 
 
-def _ring_half_cost(collective, count, nranks, itemsize, alpha, beta, gamma):
+def call_time(collective, count, nranks, itemsize, *, alpha, beta, gamma=0.0):
+    """Predicted seconds of one ring ``collective`` ("allreduce", "reduce_scatter",
+    "allgather") of ``count`` elements of ``itemsize`` bytes on ``nranks`` ranks.
+
+    A reduce-scatter is ``(N-1)(α + cβ) + (N-1)cγ``, an allgather
+    ``(N-1)(α + cβ)`` (c: the largest chunk in bytes), an allreduce both.
+    """
+    if nranks == 1 or count == 0:
+        return 0.0
+    if collective not in ("allreduce", "reduce_scatter", "allgather"):
+        raise ValueError(f"no ring schedule for {collective!r}")
     steps = nranks - 1
     chunk = -(-count // nranks) * itemsize
-    t = steps * (alpha + chunk * beta)
-    return t + steps * chunk * gamma if collective == "reduce_scatter" else t
+    move = steps * (alpha + chunk * beta)
+    reduce = steps * chunk * gamma
+    return {"allreduce": 2 * move + reduce, "reduce_scatter": move + reduce,
+            "allgather": move}[collective]
 
 
 def stage_comm_time(stage, layer_sizes, nranks, itemsize, *, alpha, beta, gamma=0.0):
@@ -155,18 +168,9 @@ def stage_comm_time(stage, layer_sizes, nranks, itemsize, *, alpha, beta, gamma=
         alpha, beta, gamma: the model's parameters (s per message, s per byte
             sent, s per byte reduced).
     """
-    if nranks == 1:
-        return 0.0
-    total = 0.0
-    for collective, count in collectives_per_iteration(stage, layer_sizes):
-        if count == 0:
-            continue
-        if collective == "allreduce":
-            total += sum(_ring_half_cost(c, count, nranks, itemsize, alpha, beta, gamma)
-                         for c in ("reduce_scatter", "allgather"))
-        else:
-            total += _ring_half_cost(collective, count, nranks, itemsize, alpha, beta, gamma)
-    return total
+    return sum(call_time(collective, count, nranks, itemsize, alpha=alpha, beta=beta,
+                         gamma=gamma)
+               for collective, count in collectives_per_iteration(stage, layer_sizes))
 
 
 class Example45(NamedTuple):

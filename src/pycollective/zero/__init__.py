@@ -15,7 +15,8 @@ library pieces a training script uses:
 ==================  ==========================================================
 
 ``python -m pycollective.zero --ledger`` prints the ledger (run it under
-``scripts/run_mpi.sh 8``).  The collectives it uses live in ``_comms``
+``scripts/run_mpi.sh 8``), ``--overlap`` times stage 2 with and without its
+reduce-scatters overlapping the backward.  The collectives it uses live in ``_comms``
 (one place, counted); the formulas in :mod:`pycollective.model.ledger`.
 The core library does not import this package.
 """

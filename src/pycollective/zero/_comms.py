@@ -16,6 +16,20 @@ with ``algorithm="ring"``: the schedule the lecture's 2M refers to, and the
 same chunks as the reduce-scatter, so baseline and sharded stages reduce
 every element in the same order (float32 results are then bitwise equal).
 
+Overlap.  :meth:`Comms.start_reduce_scatter` starts a layer's gradient
+reduce-scatter without waiting for it (stages 2 and 3 call it as soon as a
+layer's backward is done): through the drop-in's ``Ireduce_scatter``, which
+runs the same public ``reduce_scatter`` (ring, the same blocks as
+:func:`pycollective.partition`, so the same reduction order) on a helper
+thread with a communicator of its own, one request after the other in the
+order they were started -- the same on every rank, since every rank starts
+them in layer order.  The helper needs ``MPI_THREAD_MULTIPLE`` and a dtype
+MPI can name; otherwise (bfloat16 on the wire, a lower thread level, where
+the drop-in would fall back to MPI's own reduction in another order) the
+reduce-scatter runs blocking at once and the returned handle is already
+complete.  The elements are counted when a call starts; its time is what
+the caller spent starting and waiting for it (the part not hidden).
+
 Compression.  Gradients can travel compressed (:mod:`pycollective.compression`):
 :meth:`Comms.to_wire` compresses (dividing by N first if the compressor
 asks), the reduction runs on the wire buffer, and :meth:`Comms.from_wire`
@@ -33,9 +47,14 @@ from mpi4py import MPI
 from .. import _collectives
 from .. import compression as _compression
 from .._partition import partition
+from ..comm import Comm
 from ..model.ledger import ring_sent
 
-__all__ = ["Comms", "Traffic"]
+__all__ = ["Comms", "Traffic", "Pending"]
+
+# The dtypes the drop-in reduces through pycollective when MPI names them
+# (mpi4py maps float16 to MPI's C_FLOAT16 where the library has it).
+_NAMEABLE = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.float64))
 
 
 @dataclass
@@ -47,13 +66,24 @@ class Traffic:
     calls: int = 0
     seconds: float = 0.0
     by_collective: dict = field(default_factory=dict)
+    log: list = field(default_factory=list)   # (collective, count, dtype name) of each call
 
-    def add(self, collective, elements, nbytes, seconds):
+    def add(self, collective, count, dtype, elements):
+        """One call of ``collective`` on ``count`` elements; this rank sends ``elements``."""
         self.elements += elements
-        self.bytes += nbytes
+        self.bytes += elements * dtype.itemsize
         self.calls += 1
-        self.seconds += seconds
         self.by_collective[collective] = self.by_collective.get(collective, 0) + elements
+        self.log.append((collective, count, dtype.name))
+
+
+class Pending:
+    """A started gradient reduce-scatter: :meth:`Comms.wait` completes it."""
+
+    __slots__ = ("request", "buf", "out")
+
+    def __init__(self, request, buf, out):
+        self.request, self.buf, self.out = request, buf, out   # buffers live until done
 
 
 class Comms:
@@ -69,14 +99,16 @@ class Comms:
         self.nranks, self.rank = comm.Get_size(), comm.Get_rank()
         self.compressor = _compression.resolve(compress)
         self.traffic = Traffic()
+        self._dropin = None
+        self._helper = MPI.Query_thread() >= MPI.THREAD_MULTIPLE
 
     # --- counted collectives ---------------------------------------------------
 
     def _count(self, collective, buf, t0, counted):
         if counted:
             sent = ring_sent(collective, buf.size, self.nranks, self.rank)
-            self.traffic.add(collective, sent, sent * buf.dtype.itemsize,
-                             time.perf_counter() - t0)
+            self.traffic.add(collective, buf.size, buf.dtype, sent)
+            self.traffic.seconds += time.perf_counter() - t0
 
     def allreduce(self, buf, counted=True):
         """Sum ``buf`` over the ranks, in place (ring)."""
@@ -92,6 +124,35 @@ class Comms:
         self._count("reduce_scatter", buf, t0, counted)
         offset, length = partition(buf.size, self.nranks, self.rank)
         return buf[offset:offset + length]
+
+    def overlaps(self, dtype):
+        """Whether :meth:`start_reduce_scatter` of ``dtype`` returns before the data moved."""
+        return self._helper and self.nranks > 1 and np.dtype(dtype) in _NAMEABLE
+
+    def start_reduce_scatter(self, buf, out):
+        """Start summing ``buf`` over the ranks into ``out`` (its chunk here); a :class:`Pending`.
+
+        ``buf`` must stay unchanged and ``out`` unread until :meth:`wait`.
+        """
+        t0 = time.perf_counter()
+        if not self.overlaps(buf.dtype):
+            out[...] = self.reduce_scatter(buf, counted=False)
+            self._count("reduce_scatter", buf, t0, True)
+            return Pending(None, None, None)
+        if self._dropin is None:
+            self._dropin = Comm(self.comm, algorithm="ring")
+        counts = [partition(buf.size, self.nranks, r)[1] for r in range(self.nranks)]
+        request = self._dropin.Ireduce_scatter(buf, out, counts, MPI.SUM)
+        self._count("reduce_scatter", buf, t0, True)
+        return Pending(request, buf, out)
+
+    def wait(self, pending):
+        """Complete a started reduce-scatter (its errors are raised here)."""
+        if pending.request is not None:
+            t0 = time.perf_counter()
+            pending.request.Wait()
+            self.traffic.seconds += time.perf_counter() - t0
+            pending.request = pending.buf = pending.out = None
 
     def allgather(self, buf, counted=True):
         """Fill every rank's chunk of ``buf`` from its owner (this rank's is in place)."""

@@ -1,9 +1,10 @@
 """The ledger, measured: memory and traffic of each ZeRO stage beside the lecture's formulas.
 
-For each communicator size N (sub-communicators of the world: groups of N
-ranks run side by side) and each stage, :func:`measure` builds a
-:class:`ZeroOptimizer` for an MLP of about M parameters, runs a warm-up step
-and a measured step on random data, and records per rank:
+For each communicator size N, :func:`measure` runs the first N ranks of the
+world as one group (the other ranks sleep meanwhile, so they take no core
+away), builds a :class:`ZeroOptimizer` for an MLP of about M parameters in
+each stage, runs a warm-up step and ``steps`` measured steps on random
+data, and records per rank:
 
 * bytes held, from the arrays themselves (``nbytes``): working parameters,
   gradients, float32 optimizer state (master weights, float32 gradients,
@@ -13,13 +14,31 @@ and a measured step on random data, and records per rank:
   (``VmHWM`` after resetting it through ``/proc/self/clear_refs``), a
   cross-check that includes what ``nbytes`` leaves out: activations, the
   gradient buckets and gathered layers of stages 2 and 3, temporaries;
-* the elements it sent in the measured step (counted by the optimizer's one
+* the elements it sent in a step (counted by the optimizer's one
   collective layer, :mod:`pycollective.zero._comms`) beside ``2M(N-1)/N``
   (stages 0-2) and ``3M(N-1)/N`` (stage 3);
-* the time its collectives took (slowest rank) beside the α-β-γ prediction
-  of :func:`pycollective.model.ledger.stage_comm_time` with this machine's
-  calibration (or the model's defaults, which price every dtype's reduction
-  at float32's γ), for the wire dtype at the layers' size.
+* time, three ways, each the slowest rank's, and of that the lower
+  quartile over steps or repetitions (other jobs on a shared machine only
+  ever add time, in bursts; the model's α, β, γ are measured the same way):
+
+  - ``step``: the whole training step;
+  - ``in step``: the time the step spent inside its collective calls --
+    including waiting for peers that were still computing (skew), and for
+    stage 2 and 3's overlapped reduce-scatters only what was not hidden;
+  - ``comm``: the same calls as the step made them (collective, count,
+    dtype, in order) replayed one at a time, each after a barrier, on
+    buffers of their size: the time of the collectives themselves, which is
+    what the α-β-γ model prices;
+  - ``1-elem``: those calls again with one element per rank: what each
+    costs besides its bytes (the library's per-call work and Python, beside
+    the model's α terms, ``1-elem model``).
+
+  Beside ``comm``, the prediction of :func:`pycollective.model.ledger.call_time`
+  summed over those calls, with α, β (at the calls' chunk size) and γ (of
+  the wire dtype) measured on the group just before
+  (:func:`pycollective.model.calibrate.calibrate`, ring exchanges and
+  kernels only, about a second at N = 2); with ``calibrate=False`` from the
+  model's saved calibration or built-in defaults instead.
 """
 
 import ctypes
@@ -30,13 +49,20 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from .._auto import layout_of
+from .._context import get_context
+from .._timing import lower_quartile, slowest, timed_call
+from ..model.calibrate import calibrate as _calibrate
 from ..model.choice import rates
-from ..model.ledger import STAGES, memory_per_rank, stage_comm_time, traffic_per_rank
+from ..model.ledger import STAGES, call_time, memory_per_rank, traffic_per_rank
 from ..model.params import load_params, params_for
 from ._mlp import MLP
 from ._optimizer import ZeroOptimizer
+from ._precision import PRECISIONS
 
-__all__ = ["measure", "mlp_for", "rss"]
+__all__ = ["measure", "mlp_for", "rss", "replay", "predict", "overlap"]
+
+_DTYPES = {d.name: d for d in list(PRECISIONS.values()) + [np.dtype(np.int32)]}
 
 
 def rss():
@@ -86,7 +112,54 @@ def mlp_for(count, nlayers=3):
     return MLP([width] * (nlayers + 1))
 
 
-def _one(comm, model, stage, precision, batch, seed):
+def _sleep_until_all_arrive(world):
+    """A barrier that waits asleep: ranks outside the measured group must not take a core."""
+    request = world.Ibarrier()
+    while not request.Test():
+        time.sleep(0.002)
+
+
+def replay(comms, calls, reps=7):
+    """Seconds of ``calls`` ((collective, count, dtype name), as a step made them) run alone.
+
+    Each call runs blocking after a barrier (:func:`pycollective._timing.timed_call`),
+    so neither skew nor overlap is in it; collective over ``comms.comm``.
+    Returns ``(lower quartile over reps of the sum over calls, lower quartile
+    of each call)``, each call's time the slowest rank's.
+    """
+    bufs = [np.zeros(count, _DTYPES[dtype]) for _, count, dtype in calls]
+    run = {"allreduce": comms.allreduce, "reduce_scatter": comms.reduce_scatter,
+           "allgather": comms.allgather}
+    times = np.zeros((reps + 1, len(calls)))
+    for rep in range(reps + 1):  # the first is a warm-up (scratch, first touch of bufs)
+        for i, ((collective, _, _), buf) in enumerate(zip(calls, bufs)):
+            times[rep, i] = timed_call(comms.comm,
+                                       lambda f=run[collective], b=buf: f(b, counted=False))
+    times = slowest(comms.comm, times)[1:]
+    return (lower_quartile(times.sum(axis=1)),
+            [lower_quartile(column) for column in times.T])
+
+
+def predict(calls, nranks, flat):
+    """α-β-γ seconds of ``calls`` on ``nranks`` ranks with the model parameters ``flat``.
+
+    β and γ are taken at each call's chunk size (a ring moves and reduces
+    chunks of ceil(count/N) elements), γ of the call's dtype.
+    """
+    total = 0.0
+    for collective, count, dtype in calls:
+        dt = _DTYPES[dtype]
+        beta, gamma = rates(flat, max(1, -(-count // nranks)), dt)
+        total += call_time(collective, count, nranks, dt.itemsize, alpha=flat["alpha"],
+                           beta=beta, gamma=gamma)
+    return total
+
+
+def _typical_slowest(comm, values):
+    return lower_quartile(slowest(comm, values))
+
+
+def _one(comm, model, stage, precision, batch, seed, steps=5, reps=7):
     """Measure one (N, stage) on ``comm``; returns this rank's numbers."""
     rng = np.random.default_rng(seed + comm.Get_rank())
     x = rng.standard_normal((batch, model.sizes[0])).astype(np.float32)
@@ -97,14 +170,25 @@ def _one(comm, model, stage, precision, batch, seed):
     model.train_step(opt, x, y, batch * comm.Get_size())        # warm-up (kernels, contexts)
     resettable = _reset_peak()
     opt.reset_peak()
-    opt.comms.traffic = type(opt.comms.traffic)()
-    comm.Barrier()
-    t0 = time.perf_counter()
-    model.train_step(opt, x, y, batch * comm.Get_size())
-    step_s = time.perf_counter() - t0
+    step_s, in_step_s = [], []
+    for _ in range(max(1, steps)):
+        opt.comms.traffic = type(opt.comms.traffic)()
+        comm.Barrier()
+        t0 = time.perf_counter()
+        model.train_step(opt, x, y, batch * comm.Get_size())
+        step_s.append(time.perf_counter() - t0)
+        in_step_s.append(opt.comms.traffic.seconds)
     now, peak = rss()
-    out = dict(opt.memory(), sent=opt.comms.traffic.elements, calls=opt.comms.traffic.calls,
-               comm_s=opt.comms.traffic.seconds, step_s=step_s,
+    traffic = opt.comms.traffic
+    calls = list(traffic.log)
+    comm_s, per_call = replay(opt.comms, calls, reps) if comm.Get_size() > 1 else (0.0, [])
+    # The same calls with one element per rank: what a call costs besides its bytes.
+    tiny = [(c, min(count, comm.Get_size()), dtype) for c, count, dtype in calls]
+    fixed_s = replay(opt.comms, tiny, reps)[0] if comm.Get_size() > 1 else 0.0
+    out = dict(opt.memory(), sent=traffic.elements, calls=traffic.calls, call_log=calls,
+               comm_s=comm_s, call_s=per_call, fixed_s=fixed_s,
+               in_step_s=_typical_slowest(comm, in_step_s),
+               step_s=_typical_slowest(comm, step_s),
                rss=None if before is None else now - before,
                peak_rss=None if (before is None or not resettable) else peak - before,
                layers=[layer.size for layer in opt.layers], itemsize=opt.dtype.itemsize,
@@ -112,53 +196,74 @@ def _one(comm, model, stage, precision, batch, seed):
     return out
 
 
+def _model_params(comm, dtypes, calibrate, saved):
+    """``(flat parameters for comm, where they come from)``; collective over ``comm``."""
+    layout = layout_of(get_context(comm))
+    if calibrate and comm.Get_size() > 1:
+        entry = _calibrate(comm, max_bytes=1 << 23, reps=5, dtypes=dtypes, counts=())
+        flat = params_for(entry, comm.Get_size(), layout)
+        return flat, (f"measured on the group just before (ring exchanges 4 B-8 MiB, "
+                      f"kernels of {', '.join(dtypes)})")
+    flat = params_for(saved, comm.Get_size(), layout)
+    return flat, flat.get("source") or "given"
+
+
 def measure(world, count, *, sizes=(1, 2, 4, 8), stages=STAGES, precision="fp16", batch=8,
-            seed=0, params=None):
+            seed=0, params=None, calibrate=True, steps=5, reps=7):
     """The measured ledger; collective over ``world``; the same rows on every rank.
 
     Args:
-        world: the communicator to cut groups of N ranks from.
+        world: the communicator whose first N ranks form the group of size N.
         count: M, about (the MLP's layers are square).
         sizes: the N to measure (those above the world size are skipped).
         stages: which of 0 (baseline data parallelism), 1, 2, 3.
         precision: working precision ("fp16": the lecture's ledger).
         batch: samples per rank.
-        params: the model's α, β, γ (default: this machine's calibration or
-            the defaults, :func:`pycollective.model.load_params`).
+        params: the model's α, β, γ when not calibrating (default: this
+            machine's saved calibration or the built-in defaults,
+            :func:`pycollective.model.load_params`).
+        calibrate: measure α, β, γ on each group first (see the module).
+        steps: measured training steps; reps: replays of the step's calls.
 
     Returns:
         One dict per (N, stage): measured and predicted bytes, elements sent,
-        times; measured numbers are rank 0's of its group, except ``comm_s``
-        and ``step_s`` (slowest rank) and ``sent`` (largest over ranks).
+        times; measured numbers are rank 0's, except the times (slowest
+        rank) and ``sent`` (largest over ranks).
     """
     model = mlp_for(count)
-    params = load_params() if params is None else params
+    saved = load_params() if params is None else params
     rank, wsize = world.Get_rank(), world.Get_size()
     _return_freed_memory()
     gc.collect()  # once: arrays are freed by reference counting, none sits in a cycle
     tiny = MLP([4, 4, 4])
     for stage in stages:  # compile kernels, create contexts: not in any measurement
-        _one(world, tiny, stage, precision, 2, seed)
+        _one(world, tiny, stage, precision, 2, seed, steps=1, reps=1)
+    wire = PRECISIONS[precision].name
+    dtypes = tuple(dict.fromkeys(("float32", wire)))
     rows = []
     for n in sizes:
         if n > wsize:
             continue
-        ngroups = wsize // n
-        color = rank // n if rank < ngroups * n else MPI.UNDEFINED
-        comm = world.Split(color, rank)
-        for stage in stages:
-            mine = _one(comm, model, stage, precision, batch, seed) if comm != MPI.COMM_NULL \
-                else None
-            if comm != MPI.COMM_NULL:
-                mine["comm_s"] = comm.allreduce(mine["comm_s"], op=MPI.MAX)
-                mine["step_s"] = comm.allreduce(mine["step_s"], op=MPI.MAX)
-                mine["sent"] = comm.allreduce(mine["sent"], op=MPI.MAX)
-            got = world.bcast(mine, root=0)
-            flat = params_for(params, n)
+        comm = world.Split(0 if rank < n else MPI.UNDEFINED, rank)
+        mine = None
+        if comm != MPI.COMM_NULL:
+            flat, source = _model_params(comm, dtypes, calibrate, saved)
+            chunk = -(-max(model.layer_sizes) // n)  # a layer's ring chunk, in elements
+            beta, gamma = rates(flat, chunk, PRECISIONS[precision])
+            rates_at_chunk = dict(alpha=flat["alpha"], beta=beta, gamma=gamma, chunk=chunk)
+            mine = []
+            for stage in stages:
+                got = _one(comm, model, stage, precision, batch, seed, steps, reps)
+                got["sent"] = comm.allreduce(got["sent"], op=MPI.MAX)
+                got["predicted_s"] = predict(got["call_log"], n, flat)
+                got["fixed_predicted_s"] = predict([(c, n, d) for c, _, d in got["call_log"]],
+                                                   n, flat)
+                got["source"], got["rates"] = source, rates_at_chunk
+                mine.append(got)
+            comm.Free()
+        _sleep_until_all_arrive(world)
+        for stage, got in zip(stages, world.bcast(mine, root=0)):
             w = got["itemsize"]
-            # β and γ of the wire dtype at the layers' size (γ of float16 is
-            # its own where calibrated: reducing it costs more than float32)
-            beta, gamma = rates(flat, max(got["layers"]), np.dtype(got["dtype"]))
             formula = memory_per_rank(stage, model.count, n, working_bytes=w)
             rows.append(dict(
                 nranks=n, stage=stage, count=model.count, precision=precision,
@@ -167,11 +272,39 @@ def measure(world, count, *, sizes=(1, 2, 4, 8), stages=STAGES, precision="fp16"
                 peak_rss=got["peak_rss"], formula=formula["total"],
                 formula_parts=formula,
                 sent=got["sent"], sent_formula=traffic_per_rank(stage, model.count, n),
-                calls=got["calls"], comm_s=got["comm_s"], step_s=got["step_s"],
-                layers=got["layers"],
-                predicted_s=stage_comm_time(stage, got["layers"], n, w, alpha=flat["alpha"],
-                                            beta=beta, gamma=gamma),
-                params_source=flat.get("source")))
-        if comm != MPI.COMM_NULL:
-            comm.Free()
+                calls=got["calls"], comm_s=got["comm_s"], in_step_s=got["in_step_s"],
+                step_s=got["step_s"], layers=got["layers"], call_log=got["call_log"],
+                call_s=got["call_s"], fixed_s=got["fixed_s"],
+                fixed_predicted_s=got["fixed_predicted_s"], predicted_s=got["predicted_s"],
+                params_source=got["source"], rates=got["rates"]))
     return rows
+
+
+def overlap(comm, count, *, precision="fp32", stage=2, batch=8, limits=(1, 2), reps=15,
+            seed=0, nlayers=3):
+    """Step times of ``stage`` with each ``buckets_in_flight`` in ``limits``, interleaved.
+
+    1 waits for each layer's reduce-scatter before the next layer's backward
+    (no overlap); larger values let it run during the backward below.
+    Collective over ``comm``.  Returns ``{limit: slowest rank's step time of
+    each repetition}`` (the same on every rank), and checks that every limit
+    ends with bitwise the same master weights.
+    """
+    model = mlp_for(count, nlayers)
+    rng = np.random.default_rng(seed + comm.Get_rank())
+    x = rng.standard_normal((batch, model.sizes[0])).astype(np.float32)
+    y = rng.integers(0, model.sizes[-1], batch)
+    opts = {k: ZeroOptimizer(model.init(seed), model.layers, comm, stage=stage,
+                             precision=precision, buckets_in_flight=k) for k in limits}
+    for opt in opts.values():  # warm-up: kernels, contexts, the helper thread
+        model.train_step(opt, x, y, batch * comm.Get_size())
+    times = {k: [] for k in limits}
+    for rep in range(reps):
+        order = list(opts.items())
+        for k, opt in (order if rep % 2 == 0 else order[::-1]):  # neither always goes first
+            times[k].append(timed_call(comm, lambda o=opt: model.train_step(
+                o, x, y, batch * comm.Get_size())))
+    masters = [opt.master for opt in opts.values()]
+    if not all(np.array_equal(m, masters[0]) for m in masters[1:]):
+        raise AssertionError("buckets_in_flight changed the weights")
+    return {k: slowest(comm, v) for k, v in times.items()}

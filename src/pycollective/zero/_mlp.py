@@ -42,6 +42,12 @@ class MLP:
         self.layers = [[2 * i, 2 * i + 1] for i in range(len(self.sizes) - 1)]
 
     @property
+    def layer_sizes(self):
+        """Parameters of each layer (its W and b)."""
+        return [fan_in * fan_out + fan_out
+                for fan_in, fan_out in zip(self.sizes[:-1], self.sizes[1:])]
+
+    @property
     def count(self):
         """M, the number of parameters."""
         return sum(int(np.prod(s)) for s in self.shapes)

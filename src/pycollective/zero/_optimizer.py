@@ -30,8 +30,12 @@ One step (the lecture's figure 7):
   with it stage 1 would send 3M instead of the 2M of its table 3.)
 * stage 2: as stage 1, but each layer's gradients are reduce-scattered as
   soon as that layer's backward is done (:meth:`ZeroOptimizer.grads_ready`),
-  out of a bucket the size of the layer that is dropped right after, so the
-  gradient buffer is the M/N shard (plus one layer);
+  out of a bucket the size of the layer, into the M/N shard.  The
+  reduce-scatter is started there and completed later (nonblocking, see
+  :meth:`Comms.start_reduce_scatter`), so it runs while the backward of the
+  layers below is computed; at most ``buckets_in_flight`` buckets are alive
+  at once (the oldest is waited for before a new one is made), and all are
+  completed before the update;
 * stage 3: as stage 2, and the working parameters are sharded too: a
   layer's parameters are allgathered just before its forward and again just
   before its backward (:meth:`ZeroOptimizer.params`) and dropped after use
@@ -48,6 +52,7 @@ bitwise the same weights in all four stages; every rank's copy of a
 parameter comes from one owner, so replicas are bitwise identical.
 """
 
+from collections import deque
 from typing import List, Sequence
 
 import numpy as np
@@ -143,16 +148,25 @@ class ZeroOptimizer:
         lr: learning rate of the default Adam.
         scaler: a :class:`~pycollective.zero.LossScaler`; default: dynamic
             for fp16, fixed at 1 otherwise.
+        buckets_in_flight: stages 2 and 3: how many layers' gradient buckets
+            may be alive at once (being written or being reduced); 1 waits
+            for each reduce-scatter before the next layer's backward.
 
     Raises:
-        ValueError: bad stage, precision, compression or layers.
+        ValueError: bad stage, precision, compression, layers or
+            buckets_in_flight.
     """
 
     def __init__(self, params: Sequence[np.ndarray], layers: Sequence[Sequence[int]], comm, *,
                  stage=0, precision="fp32", compress=None, optimizer=None, lr=1e-3,
-                 scaler=None):
+                 scaler=None, buckets_in_flight=2):
         if stage not in (0, 1, 2, 3):
             raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, got {stage!r}")
+        if isinstance(buckets_in_flight, bool) or not isinstance(buckets_in_flight, int) \
+                or buckets_in_flight < 1:
+            raise ValueError(f"buckets_in_flight must be a whole number >= 1, "
+                             f"got {buckets_in_flight!r}")
+        self.buckets_in_flight = buckets_in_flight
         flat_order = [t for layer in layers for t in layer]
         if flat_order != list(range(len(params))):
             raise ValueError(f"layers must cover tensors 0..{len(params) - 1} in order, "
@@ -192,7 +206,8 @@ class ZeroOptimizer:
             self.grad = np.zeros(self.shard_count, self.wire)
         self._ctx = self.comms.to_wire(np.zeros(0, self.dtype))[1]  # the compressor's context
         self._gathered = {}      # stage 3: layer index -> gathered working parameters
-        self._buckets = {}       # stage 2, 3: layer index -> gradients not yet reduced
+        self._buckets = {}       # stage 2, 3: layer index -> gradients being written
+        self._pending = deque()  # stage 2, 3: (started reduce-scatter, bytes it holds)
         self._transient = 0      # bytes of gathered layers and buckets alive now
         self.peak_transient = 0  # and their largest total since the last reset
 
@@ -243,23 +258,40 @@ class ZeroOptimizer:
         layer = self.layers[index]
         if self.stage < 2:
             return layer.views(self.grad[layer.flat])
+        while len(self._pending) + len(self._buckets) >= self.buckets_in_flight:
+            self._complete_oldest()  # its memory is needed now
         bucket = np.empty(layer.size, self.dtype)
         self._hold(bucket.nbytes)
         self._buckets[index] = bucket
         return layer.views(bucket)
 
     def grads_ready(self, index):
-        """Layer ``index``'s gradients are written: stages 2 and 3 reduce-scatter them now."""
+        """Layer ``index``'s gradients are written: stages 2 and 3 start reduce-scattering them.
+
+        The reduction lands in this rank's shard of the gradients; it is
+        completed before :meth:`step` updates (or earlier, when its bucket's
+        memory is needed).
+        """
         if self.stage < 2:
             return
         layer = self.layers[index]
         bucket = self._buckets.pop(index)
         wire, _ = self.comms.to_wire(bucket)
-        if wire is not bucket:
+        if wire is not bucket:  # the compressed copy travels; the bucket can go now
             self._hold(wire.nbytes)
-        mine = self.comms.reduce_scatter(wire)
-        self.grad[layer.in_shard] = mine
-        self._transient -= bucket.nbytes + (wire.nbytes if wire is not bucket else 0)
+            self._transient -= bucket.nbytes
+        pending = self.comms.start_reduce_scatter(wire, self.grad[layer.in_shard])
+        self._pending.append((pending, wire.nbytes))
+
+    def _complete_oldest(self):
+        pending, nbytes = self._pending.popleft()
+        self.comms.wait(pending)
+        self._transient -= nbytes
+
+    def finish_reductions(self):
+        """Complete every started gradient reduce-scatter (:meth:`step` does it first)."""
+        while self._pending:
+            self._complete_oldest()
 
     # --- the step ----------------------------------------------------------------
 
@@ -290,6 +322,7 @@ class ZeroOptimizer:
         if self.stage < 2:
             self._reduce()
         else:
+            self.finish_reductions()
             self.comms.from_wire(self.grad, self._ctx, self.grad32, self.scaler.scale)
         overflow = self.comms.any_rank(not np.isfinite(self.grad32).all())
         self.scaler.update(overflow)
