@@ -112,10 +112,14 @@ class _Engine:
         """Run ``job`` on the calling thread and complete it."""
         if job.greq is None:
             job.greq = MPI.Grequest.Start(_query, _free, _cancel, args=(job,))
+        # The closure holds the caller's buffers: let them go once it has run
+        # (the request may outlive the call, and nothing else needs them).
+        fn, job.fn = job.fn, None
         try:
-            job.fn(self.comm)
+            fn(self.comm)
         except BaseException as exc:  # noqa: BLE001  (re-raised by Wait)
             job.error = exc
+        del fn
         job.greq.Complete()
         job.event.set()
 
@@ -125,6 +129,9 @@ class _Engine:
             if job is None:
                 return
             self.run(job)
+            # Not kept while the thread waits for the next one (its buffers
+            # would stay alive until then).
+            del job
 
     def stop(self, limit=None):
         """Let the queued collectives finish, then stop the thread; True if it stopped."""

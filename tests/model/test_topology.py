@@ -34,6 +34,7 @@ def test_defaults_scale_with_ranks_per_core():
     assert shared["gamma"] > alone["gamma"]
     # float16 is compute bound: its gamma grows with the share of a core
     assert shared["gamma_by_dtype"]["float16"] == pytest.approx(4 * b["gamma_float16"])
+    assert shared["gamma_by_dtype"]["bfloat16"] == pytest.approx(4 * b["gamma_bfloat16"])
 
 
 def test_defaults_know_cache_from_memory():

@@ -422,3 +422,24 @@ def test_iallreduce_errors_reach_every_rank():
     pycollective.Request.Waitall(reqs)
     for x, r, expected, op in items:
         assert bitwise_equal(r, expected)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_completed_nonblocking_call_keeps_no_buffer_alive():
+    """After Wait and del, nothing of pycollective holds the caller's arrays (the helper
+    thread used to keep its last job, and so a freed optimizer's gradients, until the next)."""
+    import gc
+    import time
+    import weakref
+    comm = pycollective.Comm(MPI.COMM_WORLD)
+    n = comm.Get_size()
+    buf, out = np.ones(10 * n), np.empty(10)
+    refs = [weakref.ref(buf), weakref.ref(out)]
+    comm.Ireduce_scatter_block(buf, out).Wait()
+    assert np.all(out == n)
+    del buf, out
+    deadline = time.monotonic() + 10  # the helper thread lets go after completing
+    while any(r() is not None for r in refs) and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.01)
+    assert all(r() is None for r in refs)

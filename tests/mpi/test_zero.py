@@ -263,11 +263,13 @@ def test_counted_traffic_is_what_the_library_sends(monkeypatch, stage):
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("stage", [2, 3])
-@pytest.mark.parametrize("limit", [1, 2])
-def test_gradient_reduce_scatters_overlap_backward_and_stay_bounded(monkeypatch, stage, limit):
+@pytest.mark.parametrize("stage, limit, compress", [(2, 1, None), (2, 2, None), (3, 1, None),
+                                                     (3, 2, None), (2, 2, "bf16")])
+def test_gradient_reduce_scatters_overlap_backward_and_stay_bounded(monkeypatch, stage, limit,
+                                                                    compress):
     """Started during backward (pycollective's ring, on the drop-in's helper thread),
-    completed before the update, at most ``limit`` buckets alive; the weights are stage 0's."""
+    completed before the update, at most ``limit`` buckets alive; the weights are stage 0's.
+    bfloat16 on the wire too (the drop-in names it with a datatype of its own)."""
     import threading
 
     from pycollective.algorithms import reduce_scatter
@@ -285,8 +287,8 @@ def test_gradient_reduce_scatters_overlap_backward_and_stay_bounded(monkeypatch,
     batches = _batches(3, 32, world.Get_rank(), world.Get_size())
     data = (xtr[:, :7], ytr % 5)
     opt = zero.ZeroOptimizer(model.init(2), model.layers, world, stage=stage,
-                             buckets_in_flight=limit)
-    base = zero.ZeroOptimizer(model.init(2), model.layers, world, stage=0)
+                             buckets_in_flight=limit, compress=compress)
+    base = zero.ZeroOptimizer(model.init(2), model.layers, world, stage=0, compress=compress)
     _steps(model, base, data, batches, 32)
     layer_bytes = max(layer.size for layer in opt.layers) * 4
     started = []

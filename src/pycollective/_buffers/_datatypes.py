@@ -6,7 +6,7 @@ import threading
 from mpi4py import MPI
 from mpi4py.util import dtlib
 
-from .._kernels import SUPPORTED_DTYPES
+from .._kernels import BFLOAT16, SUPPORTED_DTYPES
 from .._ops import predefined_name, resolve_op
 
 logger = logging.getLogger("pycollective")
@@ -38,6 +38,25 @@ def _name(datatype) -> str:
         return repr(datatype)
 
 
+_bfloat16 = []  # [the datatype], made at first use (MPI must be initialised)
+
+
+def bfloat16_datatype() -> MPI.Datatype:
+    """The MPI datatype that stands for bfloat16 arrays, which MPI has no name for.
+
+    Two bytes without holes (a named duplicate of ``MPI.UINT16_T``): the MPI
+    library can move it, and pycollective, which knows what it is, reduces
+    it with its own kernels.  One per process, never freed (it lives as long
+    as MPI does).
+    """
+    with _lock:
+        if not _bfloat16:
+            datatype = MPI.UINT16_T.Dup()
+            datatype.Set_name("bfloat16 (pycollective)")
+            _bfloat16.append(datatype)
+        return _bfloat16[0]
+
+
 def reduction_dtype(datatype):
     """``(numpy dtype, None)`` or ``(None, why pycollective cannot reduce datatype)``."""
     handle = MPI._handleof(datatype)
@@ -46,6 +65,8 @@ def reduction_dtype(datatype):
         return cached
     if datatype == MPI.DATATYPE_NULL:
         return None, "datatype MPI.DATATYPE_NULL"
+    if _bfloat16 and datatype == _bfloat16[0]:
+        return BFLOAT16, None
     if not datatype.is_predefined:
         return None, "derived datatype"
     name = _name(datatype)

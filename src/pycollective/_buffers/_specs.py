@@ -6,7 +6,9 @@ from typing import NamedTuple, Optional
 import numpy as np
 from mpi4py import MPI
 
+from .._kernels import BFLOAT16
 from ._common import RAW
+from ._datatypes import bfloat16_datatype
 from ._dlpack import dlpack_device
 from ._memory import memory
 
@@ -79,6 +81,8 @@ _by_code = {}  # numpy type code -> MPI datatype (predefined: never changes)
 def _datatype_of(mem: np.ndarray) -> MPI.Datatype:
     if mem.dtype == RAW:
         return MPI.BYTE
+    if mem.dtype == BFLOAT16:
+        return bfloat16_datatype()
     code = mem.dtype.char
     datatype = _by_code.get(code)
     if datatype is None:

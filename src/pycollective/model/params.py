@@ -41,8 +41,11 @@ DEFAULTS = {
 }
 
 #: The rest of the built-in model.  ``gamma_in_cache``: the kernels on data in
-#: a core's cache (0.03 ns/B against 0.17 from memory); ``gamma_float16``:
-#: float16 is reduced on bit patterns, 65x slower per byte and compute bound;
+#: a core's cache (0.03 ns/B against 0.17 from memory); ``gamma_float16``,
+#: ``gamma_bfloat16``: two-byte floats are widened, added and rounded once on
+#: their bit patterns, about 6x float32's time per byte and compute bound
+#: (1.14 and 0.98 ns/B against float32's 0.18 on 8e6 elements out of cache,
+#: the sum kernels timed alone on an idle core of this 2-core machine);
 #: ``inter_*``: links between nodes when none were measured (about a 10-25
 #: Gbit/s network through TCP: α 15 µs, 2 GB/s); ``cache_bytes``: a core's
 #: private cache when the machine does not say (the data fit below half of it
@@ -52,7 +55,8 @@ DEFAULTS = {
 #: α 2.1, 8.5, 20 µs; β 0.086, 0.22, 0.58 ns/B; γ 0.17, 0.31, 0.45 ns/B).
 BUILTIN = {
     "gamma_in_cache": 3.0e-11,
-    "gamma_float16": 1.1e-8,
+    "gamma_float16": 1.1e-9,
+    "gamma_bfloat16": 1.0e-9,
     "inter_alpha": 15e-6,
     "inter_beta": 5e-10,
     "cache_bytes": 2 << 20,
@@ -301,8 +305,9 @@ def _scaled_builtin(out, layout):
     cache = (layout.cache_bytes or b["cache_bytes"]) / r
     gamma_in = min(b["gamma_in_cache"], gamma_out)
     out["gamma_curves"] = {ANY_DTYPE: [[max(1.0, cache / 2), gamma_in], [8 * cache, gamma_out]]}
-    # float16 is compute bound: it slows down with the share of a core.
-    out["gamma_by_dtype"] = {"float16": b["gamma_float16"] * r}
+    # Two-byte floats are compute bound: they slow down with the share of a core.
+    out["gamma_by_dtype"] = {"float16": b["gamma_float16"] * r,
+                             "bfloat16": b["gamma_bfloat16"] * r}
     return out
 
 

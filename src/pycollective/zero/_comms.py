@@ -24,8 +24,8 @@ runs the same public ``reduce_scatter`` (ring, the same blocks as
 thread with a communicator of its own, one request after the other in the
 order they were started -- the same on every rank, since every rank starts
 them in layer order.  The helper needs ``MPI_THREAD_MULTIPLE`` and a dtype
-MPI can name; otherwise (bfloat16 on the wire, a lower thread level, where
-the drop-in would fall back to MPI's own reduction in another order) the
+the drop-in reduces itself; otherwise (a lower thread level, or a dtype the
+drop-in would hand to MPI's own reduction, in another order) the
 reduce-scatter runs blocking at once and the returned handle is already
 complete.  The elements are counted when a call starts; its time is what
 the caller spent starting and waiting for it (the part not hidden).
@@ -46,15 +46,17 @@ from mpi4py import MPI
 
 from .. import _collectives
 from .. import compression as _compression
+from .._kernels import BFLOAT16
 from .._partition import partition
 from ..comm import Comm
 from ..model.ledger import ring_sent
 
 __all__ = ["Comms", "Traffic", "Pending"]
 
-# The dtypes the drop-in reduces through pycollective when MPI names them
-# (mpi4py maps float16 to MPI's C_FLOAT16 where the library has it).
-_NAMEABLE = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.float64))
+# The dtypes the drop-in reduces through pycollective (mpi4py maps float16 to
+# MPI's C_FLOAT16 where the library has it; bfloat16 gets a datatype of
+# pycollective's own).
+_NAMEABLE = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.float64, BFLOAT16))
 
 
 @dataclass
