@@ -232,7 +232,6 @@ _F16 = np.dtype(np.float16)
 _COMPILED = {np.dtype(t) for t in ("float16", "float32", "float64", "int8", "int16", "int32",
                                    "int64", "uint8", "uint16", "uint32", "uint64")}
 _OPS = {"sum": 0, "prod": 1, "max": 2, "min": 3}
-_TURNS = 1 << 14  # compiled spins before Python takes over the wait (and its deadline)
 
 
 def shm_agreed(ctx, src, dst, kernel, values, board):
@@ -252,7 +251,7 @@ def shm_agreed(ctx, src, dst, kernel, values, board):
         board.parity ^= 1
         verdict = _small.agreement_step(group.barrier.words, group.rank, group.size, target,
                                         rows_board, values, publish, call.number,
-                                        call.fingerprint_words, _TURNS)
+                                        call.fingerprint_words, *group.barrier.budget)
         if verdict == _small.LATE:
             group.barrier.wait(target)  # a slow rank: wait on with the deadline
             verdict = _small.DONE if _small.rows_agree(rows_board, values, group.size) \
@@ -290,7 +289,7 @@ def _small_data(node, call, src, dst):
     step = _small.data_step_half if half else _small.data_step
     verdict = step(group.barrier.words, group.rank, group.size, target, rows, src,
                    publish if publish is not None else checking, publish is not None,
-                   call.number, call.fingerprint_words, checking, dst, op, _TURNS)
+                   call.number, call.fingerprint_words, checking, dst, op, *group.barrier.budget)
     if verdict == _small.LATE:
         group.barrier.wait(target)  # a slow rank: wait on with the deadline
         reduce = _small.reduce_half if half else _small.reduce
