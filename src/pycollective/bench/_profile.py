@@ -21,6 +21,7 @@ from mpi4py import MPI
 
 from .. import _agree, _fastpath
 from .. import _collectives as _api
+from .._atomics import CAN_SLEEP
 from .._context import get_context
 from .._exact import compare, fill_exact
 from .._kernels import get_kernel
@@ -38,6 +39,24 @@ from ._report import t_us
 __all__ = ["pieces", "breakdown"]
 
 _PIECE_REPS = 5
+_WAITS = (False, True) if CAN_SLEEP else ()
+
+
+def _waiting(barrier, sleep, fn):
+    """``fn`` with the node's waits sleeping or spinning (switched only when that changes).
+
+    Every rank switches at the same point of the same sample, and any mix
+    of the two is correct anyway, so the modes can take turns in one run.
+    """
+    def run():
+        if barrier.sleep != sleep:
+            barrier.set_sleep(sleep)
+        fn()
+    return run
+
+
+def _mode(sleep):
+    return "waits sleep" if sleep else "waits spin"
 
 
 def _shm_reason(session):
@@ -119,6 +138,7 @@ def pieces(session, seconds):
                              agree=agree, inner=inner, reps=_PIECE_REPS,
                              times=[float(t) for t in times], time=statistics.median(times)))
             progress.step(name[:24])
+        rows += _wait_pieces(comm, session.nranks, node.group, whole, seconds)
     finally:
         _api.set_check(previous)
     cols = [("piece of a 1-element shm call", lambda r: r["name"]),
@@ -127,6 +147,38 @@ def pieces(session, seconds):
             ("time(us)", lambda r: t_us(r["time"]))]
     session.print(format_table(cols, rows, prefix="# "))
     return rows
+
+
+def _wait_pieces(comm, nranks, group, whole, seconds):
+    """The call (agreement on) and the flag barrier with the waits spinning and sleeping.
+
+    The two modes take turns sample by sample (:func:`rounds`), so load
+    from other processes hits both alike.  Collective; the caller restores
+    the agreement setting, this restores the waits.
+    """
+    if not _WAITS:
+        return []
+    barrier = group.barrier
+    chosen = barrier.sleep
+    _api.set_check(True)
+    calls, inner, agree = {}, {}, {}
+    try:
+        for name, fn, agreement in (("allreduce(shm), agreement on", whole, True),
+                                    ("flag barrier", group.sync, False)):
+            for sleep in _WAITS:
+                label = f"{name}, {_mode(sleep)}"
+                calls[label] = _waiting(barrier, sleep, fn)
+                agree[label] = agreement
+                for _ in range(20):
+                    calls[label]()
+                inner[label] = calls_for_budget(comm, calls[label], seconds / (_PIECE_REPS + 1),
+                                                cap=100_000)
+        times = rounds(comm, calls, _PIECE_REPS, inner)
+    finally:
+        barrier.set_sleep(chosen)
+    return [dict(kind="piece", name=label, within=None, nranks=nranks, agree=agree[label],
+                 inner=inner[label], reps=_PIECE_REPS, times=[float(t) for t in t_all],
+                 time=statistics.median(t_all)) for label, t_all in times.items()]
 
 
 # --- the phases of one large call ---------------------------------------------
@@ -225,6 +277,9 @@ def _breakdown_options(p):
                    help="elements per rank (1e7)")
     add_data_options(p)
     p.add_argument("--reps", type=positive_int, default=5, help="timed repetitions (5)")
+    p.add_argument("--waits", action="store_true",
+                   help="also time the call with the node's waits spinning and sleeping "
+                        "(PYCOLLECTIVE_SHM_WAIT), taking turns with the others")
 
 
 def _breakdown_check(args, parser, nranks):
@@ -264,7 +319,17 @@ def breakdown(args, session):
             _api.allreduce(src, dst, args.op, comm=comm, algorithm="shm")
 
         whole()
-        calls = rounds(comm, {"native": native, "shm": whole}, args.reps)
+        contenders = {"native": native, "shm": whole}
+        if args.waits:
+            barrier = state.node.group.barrier
+            chosen = barrier.sleep
+            contenders.update({f"shm, {_mode(sleep)}": _waiting(barrier, sleep, whole)
+                               for sleep in _WAITS})
+        try:
+            calls = rounds(comm, contenders, args.reps)
+        finally:
+            if args.waits:
+                barrier.set_sleep(chosen)
         whole()
         wrong = comm.allreduce(compare(dst, expected)[0], op=MPI.SUM)
         base = dict(nranks=nranks, count=count, dtype=dtype.name)
@@ -291,6 +356,10 @@ def _print_breakdown(session, rows, count, dtype):
     session.print(f"# shm on {session.nranks} ranks, M={count} {dtype.name}: one call "
                   f"{t_us(calls['shm'])} us, native {t_us(calls['native'])} us "
                   "(medians of the slowest rank)")
+    modes = [name for name in calls if name.startswith("shm, ")]
+    if modes:
+        session.print("# the same call, taking turns: " + ", ".join(
+            f"{name} {t_us(calls[name])} us" for name in modes))
     phases = [r for r in rows if r["path"] != "call"]
     cols = [("path", lambda r: r["path"] + (" (used)" if r["used"] else "")),
             ("phase", lambda r: r["phase"]), ("time(us)", lambda r: t_us(r["time"])),
