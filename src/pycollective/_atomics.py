@@ -43,7 +43,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["fence", "raise_counter", "wait_counters", "CAN_SLEEP", "STRIDE"]
+__all__ = ["fence", "raise_counter", "raise_counter_at", "wait_counters", "CAN_SLEEP", "STRIDE"]
 
 STRIDE = 8                   # int64 words per rank: the counter, the sleepers, padding
 _SLEEPERS = 1                # the sleepers count's word after the counter
@@ -109,31 +109,54 @@ def _futex(typingctx, address, op, value, timeout_ns):
     return types.int64(types.intp, types.int64, types.int64, types.int64), codegen
 
 
+@intrinsic
+def _load(typingctx, address):
+    # An atomic (relaxed) load of the int64 at ``address``: one plain mov on
+    # x86, but the compiler may not hoist it out of a waiting loop.
+    def codegen(context, builder, signature, args):
+        ptr = builder.inttoptr(args[0], ir.IntType(64).as_pointer())
+        return builder.load_atomic(ptr, "monotonic", 8)
+    return types.int64(types.intp), codegen
+
+
+@intrinsic
+def _store(typingctx, address, value):
+    # An atomic (relaxed) store: never torn, never merged away.
+    def codegen(context, builder, signature, args):
+        ptr = builder.inttoptr(args[0], ir.IntType(64).as_pointer())
+        builder.store_atomic(args[1], ptr, "monotonic", 8)
+        return context.get_dummy_value()
+    return types.void(types.intp, types.int64), codegen
+
+
 @numba.njit(cache=True, nogil=True)
-def raise_counter(words, rank, target):
-    """Publish what this rank stored, raise its counter to ``target``, wake its sleepers.
+def raise_counter_at(counter, target):
+    """:func:`raise_counter` by the counter's address (cheaper to call from Python).
 
     A full fence first (the data before the counter), another after (the
     store before the read of the sleepers count; see the module docstring).
     """
     _fence()
-    at = rank * STRIDE
-    words[at] = target
+    _store(counter, target)
     _fence()
-    if words[at + _SLEEPERS] != 0:
-        _futex(words.ctypes.data + at * 8 + _LOW_HALF, _FUTEX_WAKE, 0x7FFFFFFF, 0)
+    if _load(counter + _SLEEPERS * 8) != 0:
+        _futex(counter + _LOW_HALF, _FUTEX_WAKE, 0x7FFFFFFF, 0)
 
 
 @numba.njit(cache=True, nogil=True)
-def _sleep_on(words, q, target, sleep_ns):
-    """Sleep (at most ``sleep_ns``) until rank q's counter moves, unless it reached ``target``."""
-    at = q * STRIDE
-    base = words.ctypes.data + at * 8
-    _atomic_add(base + _SLEEPERS * 8, 1)   # registered before the counter is read again
-    seen = words[at]
+def raise_counter(words, rank, target):
+    """Publish what this rank stored, raise its counter to ``target``, wake its sleepers."""
+    raise_counter_at(words.ctypes.data + rank * STRIDE * 8, target)
+
+
+@numba.njit(cache=True, nogil=True)
+def _sleep_on(counter, target, sleep_ns):
+    """Sleep (at most ``sleep_ns``) until the counter moves, unless it has reached ``target``."""
+    _atomic_add(counter + _SLEEPERS * 8, 1)   # registered before the counter is read again
+    seen = _load(counter)
     if seen < target:
-        _futex(base + _LOW_HALF, _FUTEX_WAIT, seen & 0xFFFFFFFF, sleep_ns)
-    _atomic_add(base + _SLEEPERS * 8, -1)
+        _futex(counter + _LOW_HALF, _FUTEX_WAIT, seen & 0xFFFFFFFF, sleep_ns)
+    _atomic_add(counter + _SLEEPERS * 8, -1)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -150,11 +173,13 @@ def wait_counters(words, rank, size, target, spins, yield_mask, sleep_ns, sleeps
     caller's loads come after the others' stores.
     """
     slept = 0
+    base = words.ctypes.data
     for q in range(size):
         if q == rank:
             continue
+        counter = base + q * STRIDE * 8
         checks = 0
-        while words[q * STRIDE] < target:
+        while _load(counter) < target:
             checks += 1
             if checks <= spins:
                 if checks & yield_mask == 0:
@@ -163,6 +188,6 @@ def wait_counters(words, rank, size, target, spins, yield_mask, sleep_ns, sleeps
             if sleep_ns <= 0 or slept >= sleeps:
                 return q
             slept += 1
-            _sleep_on(words, q, target, sleep_ns)
+            _sleep_on(counter, target, sleep_ns)
     _fence()
     return -1

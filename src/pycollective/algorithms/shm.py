@@ -50,7 +50,8 @@ path).
 Sync is the node group's :class:`~pycollective._shmem.FlagBarrier`: memory
 fences around counters in shared memory, a few cache-line transfers instead
 of an ``MPI_Barrier``; waiting ranks keep MPI progress going, yield the core
-when they spin long and raise a timeout naming a stalled peer.  The first
+(and, where ranks outnumber cores, sleep in ``futex(2)`` until the awaited
+counter moves) and raise a timeout naming a stalled peer.  The first
 sync of every call compares every rank's header (call number, count, dtype,
 op, algorithm), so ranks that disagree raise before any rank reads another's
 data, with or without the agreement step.
