@@ -8,10 +8,11 @@ point-to-point messages; there are two ways to reach the others' memory.
 
 Single copy (messages above ``DOUBLE_LIMIT`` = 1 MiB, where the system
 allows it): each rank publishes the addresses and size of its ``src`` and
-``dst`` in its header of the node's control segment; sync; rank i reads slice i of every other rank's
-``src`` with ``process_vm_readv`` (Linux cross-memory attach) into a staging
-block of about ``_CMA_STAGE_BYTES`` in total, still in cache when the kernel
-combines it with its own operand straight into ``dst``; sync; rank i reads
+``dst`` in its header of the node's control segment; sync; rank i reads
+slice i of every other rank's ``src`` with ``process_vm_readv`` (Linux
+cross-memory attach), block by block and peer by peer, each block just
+before the kernel folds it into ``dst`` so that the kernel reads it back
+from cache (:func:`~pycollective.algorithms._node.cross_reduce`); sync; rank i reads
 slice q of rank q's ``dst`` straight into its own ``dst`` for every q != i;
 sync (nobody returns, and lets its ``dst`` change, while others read it).
 Nothing is staged through shared memory and the caller's buffers are read
@@ -94,9 +95,9 @@ from .._shmem import (
     whole_node,
 )
 from . import _small
+from ._node import cross_reduce
 
 _REPLICATE_BYTES = 4 << 10    # up to this, every rank reduces the whole vector
-_CMA_STAGE_BYTES = 4 << 20    # single-copy path: bytes read from the others per block (measured)
 _STATE = Key("shm")
 
 
@@ -136,33 +137,7 @@ def cma_allreduce_on(cross, src, dst, kernel):
     cross.publish(src, dst)
     cross.group.sync()  # the call's first: every header checked before any read
     lo, hi = bounds[r], bounds[r + 1]
-    # Fewer, larger reads cost less pinning per byte; the N-1 staged blocks
-    # together stay around _CMA_STAGE_BYTES so they are still in cache.
-    block_bytes = max(16 << 10, _CMA_STAGE_BYTES // (n - 1))
-    block = max(1, block_bytes // itemsize)
-    tmp = cross.scratch(n * block * itemsize)
-    staged = [tmp[i * block * itemsize:(i + 1) * block * itemsize].view(dst.dtype)
-              for i in range(n)]
-    # In place, the first kernel pass writes dst before a rank r >= 2 has
-    # read its own operand (operands go in rank order), so stage it too.
-    own_staged = r >= 2 and np.may_share_memory(src, dst)
-    for b in range(lo, hi, block):
-        e = min(b + block, hi)
-        operands, i = [], 0
-        for q in range(n):
-            if q == r:
-                if own_staged:
-                    own = staged[n - 1][:e - b]
-                    own[...] = src[b:e]
-                    operands.append(own)
-                else:
-                    operands.append(src[b:e])
-            else:
-                part = staged[i][:e - b]
-                i += 1
-                cross.read(q, cross.SRC, b * itemsize, part)
-                operands.append(part)
-        reduce_block(kernel, operands, dst[b:e])
+    cross_reduce(cross, src, dst[lo:hi], lo, hi, kernel)
     cross.group.sync()
     for q in range(n):
         qlo, qhi = bounds[q], bounds[q + 1]

@@ -32,6 +32,7 @@ from .._table import format_table
 from .._timing import calls_for_budget, rounds, slowest, timed_call
 from .._units import count_arg
 from ..algorithms import shm
+from ..algorithms._node import CROSS_BLOCK_BYTES
 from ._args import add_data_options, check_exact, positive_int
 from ._cli import command
 from ._report import t_us
@@ -215,10 +216,10 @@ def _single_copy_path(cross, src, dst, kernel):
     n, r = cross.size, cross.rank
     bounds = chunk_bounds(dst.size, n)
     itemsize = dst.itemsize
-    block = max(1, max(16 << 10, shm._CMA_STAGE_BYTES // (n - 1)) // itemsize)
-    tmp = cross.scratch(n * block * itemsize)
+    block = max(1, CROSS_BLOCK_BYTES // itemsize)
+    tmp = cross.scratch(2 * block * itemsize)
     staged = [tmp[i * block * itemsize:(i + 1) * block * itemsize].view(dst.dtype)
-              for i in range(n)]
+              for i in range(2)]
     cross.group.sync()  # a common start
     t0 = time.perf_counter()
     cross.publish(src, dst)
@@ -226,20 +227,21 @@ def _single_copy_path(cross, src, dst, kernel):
     t1 = time.perf_counter()
     lo, hi = bounds[r], bounds[r + 1]
     reducing = 0.0
-    for b in range(lo, hi, block):
+    for b in range(lo, hi, block):  # as _node.cross_reduce, with a clock around the kernel
         e = min(b + block, hi)
-        operands, i = [], 0
+        target = dst[b:e]
         for q in range(n):
             if q == r:
-                operands.append(src[b:e])
+                x = src[b:e]
             else:
-                part = staged[i][:e - b]
-                i += 1
-                cross.read(q, cross.SRC, b * itemsize, part)
-                operands.append(part)
-        k = time.perf_counter()
-        reduce_block(kernel, operands, dst[b:e])
-        reducing += time.perf_counter() - k
+                x = staged[q & 1][:e - b]
+                cross.read(q, cross.SRC, b * itemsize, x)
+            if q == 0:
+                first = x
+                continue
+            k = time.perf_counter()
+            kernel(first if q == 1 else target, x, target)
+            reducing += time.perf_counter() - k
     t2 = time.perf_counter()
     cross.group.sync()
     t3 = time.perf_counter()
