@@ -34,8 +34,8 @@ __all__ = ["NodeState", "node_state", "on_one_node", "reduce_range", "cross_redu
 CMA_BYTES = DOUBLE_LIMIT
 # cross_reduce: bytes per operand and block; the partial result, two staged
 # blocks and the own block (1 MiB) stay in a 2 MiB L2.  256 KiB and 512 KiB
-# were 7-12 % faster than the 4 MiB staged at once before (N = 2, 4, 8; 1e7
-# float32), 1 MiB 0-8 % (docs/results/2026-12-01-waits.md).
+# were 7-18 % faster than the 4 MiB staged at once before (N = 2, 4, 8; 1e7
+# float32), 1 MiB 1-8 % (docs/results/2026-12-01-waits.md).
 CROSS_BLOCK_BYTES = 256 << 10
 _BLOCK_BYTES = 128 << 10  # slot reductions: N operands + output of a block stay in cache
 _STATE = Key("node.collectives")
