@@ -10,13 +10,14 @@ compiler may reorder plain loads; :func:`fence` is a full barrier (an LLVM
 Python and from numba-compiled code.  An aligned 8-byte load or store of a
 numpy int64 element is a single instruction, so counters are never torn.
 
-Counters live in an int64 array, rank q's at word ``q * 8`` (one cache line
-each); the next word of the line counts the ranks asleep on that counter.
-:func:`raise_counter` and :func:`wait_counters` are the two halves of every
-node synchronisation.  A waiting rank spins first (the rank it waits for is
-usually running on another core and about to arrive); where ranks outnumber
-cores it then sleeps in the kernel (Linux ``futex(2)``) until the counter
-moves, so the core goes to the rank it waits for instead of to a spin loop.
+Counters live in an int64 array, rank q's at word ``q * STRIDE`` (one cache
+line each); the next word of the line counts the ranks asleep on that
+counter.  :func:`raise_counter` and :func:`wait_counters` are the two halves
+of every node synchronisation.  A waiting rank checks the counter in a loop,
+giving the core away (``sched_yield``) now and then; where ranks outnumber
+cores it yields at every check and, after a few hundred, sleeps in the
+kernel (Linux ``futex(2)``) until the counter moves, so the core goes to a
+rank with work to do instead of to a waiting loop.
 
 Sleeping without losing a wake-up: the waiter adds itself to the sleepers
 count (an atomic add, a full barrier), *then* reads the counter again, and
@@ -43,7 +44,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["fence", "raise_counter", "raise_counter_at", "wait_counters", "CAN_SLEEP", "STRIDE"]
+__all__ = ["CAN_SLEEP", "STRIDE", "fence", "raise_counter", "raise_counter_at", "wait_counters"]
 
 STRIDE = 8                   # int64 words per rank: the counter, the sleepers, padding
 _SLEEPERS = 1                # the sleepers count's word after the counter
