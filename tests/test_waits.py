@@ -34,7 +34,7 @@ def _barrier_rounds(words, rank, nprocs, rounds, spins):
     longest = 0.0
     for target in range(1, rounds + 1):
         t0 = time.monotonic()
-        raise_counter(words, rank, target)
+        raise_counter(words, rank, target, True)
         late = wait_counters(words, rank, nprocs, target, spins, 63, LONG_NS, SLEEPS)
         longest = max(longest, time.monotonic() - t0)
         if late != -1 or longest > LONG_NS / 2e9:
@@ -67,7 +67,7 @@ def test_sleeping_barrier_loses_no_wake_up(nprocs, spins):
     words = _counters(nprocs)
     results = nprocs * STRIDE
     wait_counters(words, 0, 1, 0, 0, 63, 0, 0)  # compile before forking
-    raise_counter(words, 0, 0)
+    raise_counter(words, 0, 0, True)
 
     def body(rank):
         longest = _barrier_rounds(words, rank, nprocs, 2000, spins)
@@ -86,12 +86,12 @@ def test_spinners_and_sleepers_mix():
     """One process spins, the other sleeps: the spinner's raise still wakes the sleeper."""
     words = _counters(2)
     wait_counters(words, 0, 1, 0, 0, 63, 0, 0)
-    raise_counter(words, 0, 0)
+    raise_counter(words, 0, 0, True)
 
     def body(rank):
         spins = 1 << 30 if rank == 0 else 0
         for target in range(1, 1001):
-            raise_counter(words, rank, target)
+            raise_counter(words, rank, target, True)
             t0 = time.monotonic()
             if wait_counters(words, rank, 2, target, spins, 63, LONG_NS, SLEEPS) != -1:
                 return 2
@@ -118,5 +118,5 @@ def test_a_spinning_wait_gives_up_after_its_checks():
     words[1 * STRIDE] = 7
     assert wait_counters(words, 0, 2, 8, 1000, 63, 0, 0) == 1
     assert wait_counters(words, 0, 2, 7, 1000, 63, 0, 0) == -1
-    raise_counter(words, 0, 9)
+    raise_counter(words, 0, 9, True)
     assert words[0] == 9 and words[1] == 0

@@ -42,7 +42,7 @@ from ._context import Key
 from ._errors import CollectiveMismatch, ConfigurationError
 
 __all__ = ["Segment", "NodeGroup", "whole_node", "FlagBarrier", "SharedSlots", "SharedMax", "node_comm",
-           "waits_sleep", "reduce_block", "copy_in", "reduce_own_slice", "copy_out",
+           "wait_modes", "reduce_block", "copy_in", "reduce_own_slice", "copy_out",
            "BLOCK_BYTES", "DOUBLE_LIMIT"]
 
 BLOCK_BYTES = 128 << 10      # reduction block: N inputs + output stay in a 2 MB L2
@@ -229,44 +229,50 @@ class FlagBarrier:
         rank, size: this rank and the number of ranks.
         progress: an MPI communicator to ``Iprobe`` on (or None).
         sleep: sleep while waiting (ranks outnumber cores) instead of spinning.
+        wakes: some rank of the node may sleep, so raising a counter must
+            look for sleepers (default: ``sleep``); the same on every rank.
 
     Attributes:
-        budget: ``(spins, yield_mask, sleep_ns, sleeps)`` for compiled
-            code's ``wait_counters`` before it hands the wait back to
-            :meth:`wait`.
+        budget: ``(spins, yield_mask, sleep_ns, sleeps, wakes)`` for
+            compiled code: ``wait_counters``'s budget before it hands the
+            wait back to :meth:`wait`, and ``raise_counter``'s ``wakes``.
     """
 
-    def __init__(self, flags, rank, size, progress=None, sleep=False):
+    def __init__(self, flags, rank, size, progress=None, sleep=False, wakes=None):
         self.rank, self.size, self.progress = rank, size, progress
         self.words = flags  # every counter, for compiled code: rank q's at q * STRIDE
         self._counter = flags.ctypes.data + 8 * STRIDE * rank  # this rank's, by address
         self._flags = [flags[q * STRIDE:q * STRIDE + 1] for q in range(size)]
         self._others = [f for q, f in enumerate(self._flags) if q != rank]
         self._seq = 0
-        self.set_sleep(sleep)
+        self.set_sleep(sleep, wakes)
 
-    def set_sleep(self, sleep):
+    def set_sleep(self, sleep, wakes=None):
         """Sleep while waiting (where the system can), or spin; returns the previous choice.
 
-        Any mix of the two is correct across ranks (a spinning rank still
-        wakes sleepers when it raises its counter), so ``bench latency``'s
-        pieces and ``bench breakdown --waits`` switch it at will.
+        ``wakes`` (default: ``sleep``) must be true on every rank where any
+        rank may sleep: a rank whose raises do not look for sleepers leaves
+        them asleep until their sleep's bound.  So every rank switches
+        together, at a point where no rank waits (``bench latency``'s pieces
+        and ``bench breakdown --waits`` switch right after the Barrier that
+        starts a sample); ranks that mix the two modes pass ``wakes=True``.
         """
         previous = getattr(self, "sleep", False)
         self.sleep = bool(sleep) and CAN_SLEEP
+        self.wakes = CAN_SLEEP and bool(self.sleep if wakes is None else wakes)
         # Compiled waits, before Python takes over: spinning, 2^14 checks
         # with a yield every 64 (about a millisecond); sleeping, a yield at
         # every check (the rank awaited is most often waiting for this core)
         # for SLEEP_SPINS checks, then one bounded sleep per rank still
         # awaited, and two more.
-        self.budget = ((SLEEP_SPINS, 0, FIRST_SLEEP_NS, self.size + 2) if self.sleep
-                       else (1 << 14, 63, 0, 0))
+        self.budget = ((SLEEP_SPINS, 0, FIRST_SLEEP_NS, self.size + 2, self.wakes) if self.sleep
+                       else (1 << 14, 63, 0, 0, self.wakes))
         return previous
 
     def sync(self, target=None):
         if target is None:
             target = self._seq = self._seq + 1
-        raise_counter_at(self._counter, target)  # an address: the cheapest call from Python
+        raise_counter_at(self._counter, target, self.wakes)  # an address: cheapest from Python
         self.wait(target)
 
     def wait(self, target):
@@ -289,7 +295,7 @@ class FlagBarrier:
 
     def _sleep_until(self, target):
         words, rank, size = self.words, self.rank, self.size
-        spins, every, sleep_ns, sleeps = self.budget
+        spins, every, sleep_ns, sleeps, _ = self.budget
         if wait_counters(words, rank, size, target, spins, every, sleep_ns, sleeps) < 0:
             return
         waiter = _watch.Waiter("the other ranks of this node")
@@ -306,14 +312,15 @@ class FlagBarrier:
         return [q for q, f in enumerate(self._flags) if f[0] < target]
 
 
-def waits_sleep(comm):
-    """Whether this rank's node waits sleep (collective over the node's ``comm``).
+def wait_modes(comm):
+    """``(sleep, wakes)``: whether this rank's node waits sleep, and whether any rank's do.
 
-    ``PYCOLLECTIVE_SHM_WAIT``: ``sleep``, ``spin``, or ``auto``: sleep where
-    the node's ranks outnumber the CPUs they may run on together (the union
-    of their affinity masks, so ranks bound one to a core still spin).  A
-    bad value on any rank raises the same ConfigurationError on every rank.
-    Ranks may choose differently (the protocol allows any mix).
+    Collective over the node's ``comm``.  ``PYCOLLECTIVE_SHM_WAIT``:
+    ``sleep``, ``spin``, or ``auto``: sleep where the node's ranks outnumber
+    the CPUs they may run on together (the union of their affinity masks, so
+    ranks bound one to a core still spin).  Ranks may choose differently
+    (then ``wakes`` is true on all); a bad value on any rank raises the same
+    ConfigurationError on every rank.
     """
     try:
         mode, error = _env.SHM_WAIT.get(), None
@@ -323,13 +330,13 @@ def waits_sleep(comm):
         cpus = set(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cpus = set(range(os.cpu_count() or 1))
-    seen = comm.allgather((cpus, error))
-    for q, (_, bad) in enumerate(seen):
+    seen = comm.allgather((cpus, mode, error))
+    for q, (_, _, bad) in enumerate(seen):
         if bad is not None:
             raise ConfigurationError(f"node rank {q}: {bad}")
-    if mode == "auto":
-        return comm.Get_size() > len(set().union(*(c for c, _ in seen)))
-    return mode == "sleep"
+    crowded = comm.Get_size() > len(set().union(*(c for c, _, _ in seen)))
+    sleeps = [m == "sleep" or (m == "auto" and crowded) for _, m, _ in seen]
+    return sleeps[comm.Get_rank()], any(sleeps)
 
 
 # --- the ranks of a node --------------------------------------------------------------------
@@ -367,7 +374,8 @@ class NodeGroup:
         self.ok = view["ok"].reshape(n, _OK_WORDS)
         self.mailbox = view["mailbox"]
         self.boards = view["boards"].reshape(2, n, _BOARD_WIDTH)
-        self.barrier = FlagBarrier(view["flags"], self.rank, n, progress, sleep=waits_sleep(comm))
+        sleep, wakes = wait_modes(comm)
+        self.barrier = FlagBarrier(view["flags"], self.rank, n, progress, sleep, wakes)
         self._number, self._step, self._published, self._last = -1, 0, 0, 0
         self._unchecked = None  # this call's headers, until a sync checks them
         comm.Barrier()  # every counter is zero before anyone waits on it

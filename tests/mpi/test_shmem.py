@@ -9,7 +9,7 @@ from mpi4py import MPI
 
 from pycollective._atomics import CAN_SLEEP
 from pycollective._errors import ConfigurationError
-from pycollective._shmem import NodeGroup, waits_sleep
+from pycollective._shmem import NodeGroup, wait_modes
 
 WAITS = [False, True] if CAN_SLEEP else [False]
 
@@ -57,7 +57,7 @@ def test_sleeping_and_spinning_ranks_see_each_others_stores():
     comm = MPI.COMM_WORLD
     group = NodeGroup(comm, progress=None)
     rank, size = group.rank, group.size
-    group.barrier.set_sleep(rank % 2 == 0)
+    group.barrier.set_sleep(rank % 2 == 0, wakes=True)
     # Two columns used alternately: a rank writes round i + 1 while a slow
     # rank still reads round i, but reaches round i + 2's column only after
     # every rank has passed the sync of round i + 1.
@@ -95,14 +95,17 @@ def test_the_wait_setting_is_checked_on_every_rank(monkeypatch):
     if comm.Get_rank() == 1:
         monkeypatch.setenv("PYCOLLECTIVE_SHM_WAIT", "nap")
     with pytest.raises(ConfigurationError, match=r"node rank 1: PYCOLLECTIVE_SHM_WAIT='nap'"):
-        waits_sleep(comm)
+        wait_modes(comm)
     monkeypatch.setenv("PYCOLLECTIVE_SHM_WAIT", "spin")
-    assert waits_sleep(comm) is False
+    assert wait_modes(comm) == (False, False)
     monkeypatch.setenv("PYCOLLECTIVE_SHM_WAIT", "sleep")
-    assert waits_sleep(comm) is True
+    assert wait_modes(comm) == (True, True)
+    if comm.Get_rank() == 0:  # one rank sleeps: every rank's raises must wake it
+        monkeypatch.setenv("PYCOLLECTIVE_SHM_WAIT", "spin")
+    assert wait_modes(comm) == (comm.Get_rank() != 0, True)
     monkeypatch.setenv("PYCOLLECTIVE_SHM_WAIT", "auto")
     cpus = len(os.sched_getaffinity(0))
     if comm.Get_size() > os.cpu_count():
-        assert waits_sleep(comm) is True  # more ranks than the machine has CPUs
+        assert wait_modes(comm) == (True, True)  # more ranks than the machine has CPUs
     elif comm.Get_size() <= cpus:
-        assert waits_sleep(comm) is False  # every rank may have a CPU of its own
+        assert wait_modes(comm) == (False, False)  # every rank may have a CPU of its own

@@ -42,7 +42,7 @@ def _header(headers, rank, number, fingerprint):
 
 
 @_jit
-def post_row(flags, rank, target, board, values, headers, number, fingerprint):
+def post_row(flags, rank, target, board, values, headers, number, fingerprint, wakes):
     """The agreement step's writes, then this rank's counter."""
     k = values.shape[0]
     for j in range(k):
@@ -50,7 +50,7 @@ def post_row(flags, rank, target, board, values, headers, number, fingerprint):
     for j in range(k, board.shape[1]):
         board[rank, j] = 0
     _header(headers, rank, number, fingerprint)
-    raise_counter(flags, rank, target)
+    raise_counter(flags, rank, target, wakes)
 
 
 @_jit
@@ -65,13 +65,13 @@ def rows_agree(board, values, size):
 
 
 @_jit
-def post_data(flags, rank, target, rows, src, headers, publish, number, fingerprint):
+def post_data(flags, rank, target, rows, src, headers, publish, number, fingerprint, wakes):
     """The data step's writes (and the header, if this is the call's first step)."""
     for i in range(src.shape[0]):
         rows[rank, i] = src[i]
     if publish:
         _header(headers, rank, number, fingerprint)
-    raise_counter(flags, rank, target)
+    raise_counter(flags, rank, target, wakes)
 
 
 @_jit
@@ -135,11 +135,12 @@ def reduce_half(headers, rank, size, rows, dst, op):
 
 @_jit
 def agreement_step(flags, rank, size, target, board, values, headers, number, fingerprint,
-                   spins, yield_mask, sleep_ns, sleeps):
+                   spins, yield_mask, sleep_ns, sleeps, wakes):
     """:func:`post_row`, wait, :func:`rows_agree`: DONE, DISAGREE, or LATE (a
     rank has not arrived within the barrier's budget ``spins, yield_mask,
-    sleep_ns, sleeps``: wait in Python, then ask :func:`rows_agree`)."""
-    post_row(flags, rank, target, board, values, headers, number, fingerprint)
+    sleep_ns, sleeps``: wait in Python, then ask :func:`rows_agree`).  ``wakes``:
+    whether a rank of the node may sleep (see ``raise_counter``)."""
+    post_row(flags, rank, target, board, values, headers, number, fingerprint, wakes)
     if wait_counters(flags, rank, size, target, spins, yield_mask, sleep_ns, sleeps) >= 0:
         return LATE
     return DONE if rows_agree(board, values, size) else DISAGREE
@@ -147,9 +148,9 @@ def agreement_step(flags, rank, size, target, board, values, headers, number, fi
 
 @_jit
 def data_step(flags, rank, size, target, rows, src, headers, publish, number, fingerprint,
-              checking, dst, op, spins, yield_mask, sleep_ns, sleeps):
+              checking, dst, op, spins, yield_mask, sleep_ns, sleeps, wakes):
     """:func:`post_data`, wait, :func:`reduce`: DONE, HEADERS_DIFFER or LATE."""
-    post_data(flags, rank, target, rows, src, headers, publish, number, fingerprint)
+    post_data(flags, rank, target, rows, src, headers, publish, number, fingerprint, wakes)
     if wait_counters(flags, rank, size, target, spins, yield_mask, sleep_ns, sleeps) >= 0:
         return LATE
     return reduce(checking, rank, size, rows, dst, op)
@@ -157,9 +158,9 @@ def data_step(flags, rank, size, target, rows, src, headers, publish, number, fi
 
 @_jit
 def data_step_half(flags, rank, size, target, rows, src, headers, publish, number, fingerprint,
-                   checking, dst, op, spins, yield_mask, sleep_ns, sleeps):
+                   checking, dst, op, spins, yield_mask, sleep_ns, sleeps, wakes):
     """:func:`data_step` for float16 (uint16 views)."""
-    post_data(flags, rank, target, rows, src, headers, publish, number, fingerprint)
+    post_data(flags, rank, target, rows, src, headers, publish, number, fingerprint, wakes)
     if wait_counters(flags, rank, size, target, spins, yield_mask, sleep_ns, sleeps) >= 0:
         return LATE
     return reduce_half(checking, rank, size, rows, dst, op)

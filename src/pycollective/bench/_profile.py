@@ -46,11 +46,12 @@ _WAITS = (False, True) if CAN_SLEEP else ()
 def _waiting(barrier, sleep, fn):
     """``fn`` with the node's waits sleeping or spinning (switched only when that changes).
 
-    Every rank switches at the same point of the same sample, and any mix
-    of the two is correct anyway, so the modes can take turns in one run.
+    Every rank switches at the start of a sample, after the Barrier that
+    begins it, when no rank waits (see ``FlagBarrier.set_sleep``), so the
+    modes can take turns in one run.
     """
     def run():
-        if barrier.sleep != sleep:
+        if barrier.sleep != sleep or barrier.wakes != sleep:
             barrier.set_sleep(sleep)
         fn()
     return run
@@ -160,7 +161,7 @@ def _wait_pieces(comm, nranks, group, whole, seconds):
     if not _WAITS:
         return []
     barrier = group.barrier
-    chosen = barrier.sleep
+    chosen = barrier.sleep, barrier.wakes
     _api.set_check(True)
     calls, inner, agree = {}, {}, {}
     try:
@@ -170,13 +171,14 @@ def _wait_pieces(comm, nranks, group, whole, seconds):
                 label = f"{name}, {_mode(sleep)}"
                 calls[label] = _waiting(barrier, sleep, fn)
                 agree[label] = agreement
+                comm.Barrier()  # nobody waits while the ranks switch
                 for _ in range(20):
                     calls[label]()
                 inner[label] = calls_for_budget(comm, calls[label], seconds / (_PIECE_REPS + 1),
                                                 cap=100_000)
         times = rounds(comm, calls, _PIECE_REPS, inner)
-    finally:
-        barrier.set_sleep(chosen)
+    finally:  # rounds() ended in an Allreduce: no rank waits on the node any more
+        barrier.set_sleep(*chosen)
     return [dict(kind="piece", name=label, within=None, nranks=nranks, agree=agree[label],
                  inner=inner[label], reps=_PIECE_REPS, times=[float(t) for t in t_all],
                  time=statistics.median(t_all)) for label, t_all in times.items()]
@@ -324,14 +326,14 @@ def breakdown(args, session):
         contenders = {"native": native, "shm": whole}
         if args.waits:
             barrier = state.node.group.barrier
-            chosen = barrier.sleep
+            chosen = barrier.sleep, barrier.wakes
             contenders.update({f"shm, {_mode(sleep)}": _waiting(barrier, sleep, whole)
                                for sleep in _WAITS})
         try:
             calls = rounds(comm, contenders, args.reps)
         finally:
-            if args.waits:
-                barrier.set_sleep(chosen)
+            if args.waits:  # after rounds()' Allreduce: no rank waits on the node
+                barrier.set_sleep(*chosen)
         whole()
         wrong = comm.allreduce(compare(dst, expected)[0], op=MPI.SUM)
         base = dict(nranks=nranks, count=count, dtype=dtype.name)
