@@ -37,7 +37,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _env, _watch
-from ._atomics import CAN_SLEEP, STRIDE, fence, raise_counter_at, wait_counters
+from ._atomics import CAN_SLEEP, STRIDE, fence, raise_counter_at, set_budget, wait_counters
 from ._context import Key
 from ._errors import CollectiveMismatch, ConfigurationError
 
@@ -233,9 +233,10 @@ class FlagBarrier:
             look for sleepers (default: ``sleep``); the same on every rank.
 
     Attributes:
-        budget: ``(spins, yield_mask, sleep_ns, sleeps, wakes)`` for
-            compiled code: ``wait_counters``'s budget before it hands the
-            wait back to :meth:`wait`, and ``raise_counter``'s ``wakes``.
+        budget: ``(spins, yield_mask, sleep_ns, sleeps)``: how long
+            ``wait_counters`` waits before it hands the wait back to
+            Python; kept beside this rank's counter for compiled steps
+            (``_atomics.set_budget``), with ``wakes``.
     """
 
     def __init__(self, flags, rank, size, progress=None, sleep=False, wakes=None):
@@ -265,8 +266,9 @@ class FlagBarrier:
         # every check (the rank awaited is most often waiting for this core)
         # for SLEEP_SPINS checks, then one bounded sleep per rank still
         # awaited, and two more.
-        self.budget = ((SLEEP_SPINS, 0, FIRST_SLEEP_NS, self.size + 2, self.wakes) if self.sleep
-                       else (1 << 14, 63, 0, 0, self.wakes))
+        self.budget = ((SLEEP_SPINS, 0, FIRST_SLEEP_NS, self.size + 2) if self.sleep
+                       else (1 << 14, 63, 0, 0))
+        set_budget(self.words, self.rank, *self.budget, self.wakes)
         return previous
 
     def sync(self, target=None):
@@ -295,7 +297,7 @@ class FlagBarrier:
 
     def _sleep_until(self, target):
         words, rank, size = self.words, self.rank, self.size
-        spins, every, sleep_ns, sleeps, _ = self.budget
+        spins, every, sleep_ns, sleeps = self.budget
         if wait_counters(words, rank, size, target, spins, every, sleep_ns, sleeps) < 0:
             return
         waiter = _watch.Waiter("the other ranks of this node")

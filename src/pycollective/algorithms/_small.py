@@ -8,10 +8,10 @@ the same protocol is one compiled call:
 * the agreement step (check on): :func:`post_row` writes this rank's
   agreement row (the call number and the agreed facts) into the board and
   its header (call number and fingerprint) into the node's header set,
-  and raises this rank's counter; ``wait_counters``; :func:`rows_agree`.
+  and raises this rank's counter; ``wait_own``; :func:`rows_agree`.
 * the data step: :func:`post_data` writes the input into this rank's slot
   (and, with the check off, the header) and raises the counter;
-  ``wait_counters``; :func:`reduce` compares every rank's header with this
+  ``wait_own``; :func:`reduce` compares every rank's header with this
   rank's and only then reduces all slots into ``dst``.
 
 The steps, their barrier targets and what each publishes are exactly those
@@ -22,7 +22,7 @@ the same left fold by the same kernels, so results are bitwise the same.
 
 import numba
 
-from .._atomics import raise_counter, wait_counters
+from .._atomics import raise_own, wait_own
 from .._kernels import _max, _max_f16, _min, _min_f16, _prod, _prod_f16, _sum, _sum_f16
 
 __all__ = ["agreement_step", "data_step", "rows_agree", "reduce", "reduce_half", "DONE",
@@ -42,7 +42,7 @@ def _header(headers, rank, number, fingerprint):
 
 
 @_jit
-def post_row(flags, rank, target, board, values, headers, number, fingerprint, wakes):
+def post_row(flags, rank, target, board, values, headers, number, fingerprint):
     """The agreement step's writes, then this rank's counter."""
     k = values.shape[0]
     for j in range(k):
@@ -50,7 +50,7 @@ def post_row(flags, rank, target, board, values, headers, number, fingerprint, w
     for j in range(k, board.shape[1]):
         board[rank, j] = 0
     _header(headers, rank, number, fingerprint)
-    raise_counter(flags, rank, target, wakes)
+    raise_own(flags, rank, target)
 
 
 @_jit
@@ -65,13 +65,13 @@ def rows_agree(board, values, size):
 
 
 @_jit
-def post_data(flags, rank, target, rows, src, headers, publish, number, fingerprint, wakes):
+def post_data(flags, rank, target, rows, src, headers, publish, number, fingerprint):
     """The data step's writes (and the header, if this is the call's first step)."""
     for i in range(src.shape[0]):
         rows[rank, i] = src[i]
     if publish:
         _header(headers, rank, number, fingerprint)
-    raise_counter(flags, rank, target, wakes)
+    raise_own(flags, rank, target)
 
 
 @_jit
@@ -134,33 +134,31 @@ def reduce_half(headers, rank, size, rows, dst, op):
 # --- each step as one call (a compiled call costs about a microsecond to enter) --------
 
 @_jit
-def agreement_step(flags, rank, size, target, board, values, headers, number, fingerprint,
-                   spins, yield_mask, sleep_ns, sleeps, wakes):
+def agreement_step(flags, rank, size, target, board, values, headers, number, fingerprint):
     """:func:`post_row`, wait, :func:`rows_agree`: DONE, DISAGREE, or LATE (a
-    rank has not arrived within the barrier's budget ``spins, yield_mask,
-    sleep_ns, sleeps``: wait in Python, then ask :func:`rows_agree`).  ``wakes``:
-    whether a rank of the node may sleep (see ``raise_counter``)."""
-    post_row(flags, rank, target, board, values, headers, number, fingerprint, wakes)
-    if wait_counters(flags, rank, size, target, spins, yield_mask, sleep_ns, sleeps) >= 0:
+    rank has not arrived within this rank's wait budget, kept beside its
+    counter: wait in Python, then ask :func:`rows_agree`)."""
+    post_row(flags, rank, target, board, values, headers, number, fingerprint)
+    if wait_own(flags, rank, size, target) >= 0:
         return LATE
     return DONE if rows_agree(board, values, size) else DISAGREE
 
 
 @_jit
 def data_step(flags, rank, size, target, rows, src, headers, publish, number, fingerprint,
-              checking, dst, op, spins, yield_mask, sleep_ns, sleeps, wakes):
+              checking, dst, op):
     """:func:`post_data`, wait, :func:`reduce`: DONE, HEADERS_DIFFER or LATE."""
-    post_data(flags, rank, target, rows, src, headers, publish, number, fingerprint, wakes)
-    if wait_counters(flags, rank, size, target, spins, yield_mask, sleep_ns, sleeps) >= 0:
+    post_data(flags, rank, target, rows, src, headers, publish, number, fingerprint)
+    if wait_own(flags, rank, size, target) >= 0:
         return LATE
     return reduce(checking, rank, size, rows, dst, op)
 
 
 @_jit
 def data_step_half(flags, rank, size, target, rows, src, headers, publish, number, fingerprint,
-                   checking, dst, op, spins, yield_mask, sleep_ns, sleeps, wakes):
+                   checking, dst, op):
     """:func:`data_step` for float16 (uint16 views)."""
-    post_data(flags, rank, target, rows, src, headers, publish, number, fingerprint, wakes)
-    if wait_counters(flags, rank, size, target, spins, yield_mask, sleep_ns, sleeps) >= 0:
+    post_data(flags, rank, target, rows, src, headers, publish, number, fingerprint)
+    if wait_own(flags, rank, size, target) >= 0:
         return LATE
     return reduce_half(checking, rank, size, rows, dst, op)

@@ -227,7 +227,7 @@ def shm_agreed(ctx, src, dst, kernel, values, board):
         board.parity ^= 1
         verdict = _small.agreement_step(group.barrier.words, group.rank, group.size, target,
                                         rows_board, values, publish, call.number,
-                                        call.fingerprint_words, *group.barrier.budget)
+                                        call.fingerprint_words)
         if verdict == _small.LATE:
             group.barrier.wait(target)  # a slow rank: wait on with the deadline
             verdict = _small.DONE if _small.rows_agree(rows_board, values, group.size) \
@@ -265,7 +265,7 @@ def _small_data(node, call, src, dst):
     step = _small.data_step_half if half else _small.data_step
     verdict = step(group.barrier.words, group.rank, group.size, target, rows, src,
                    publish if publish is not None else checking, publish is not None,
-                   call.number, call.fingerprint_words, checking, dst, op, *group.barrier.budget)
+                   call.number, call.fingerprint_words, checking, dst, op)
     if verdict == _small.LATE:
         group.barrier.wait(target)  # a slow rank: wait on with the deadline
         reduce = _small.reduce_half if half else _small.reduce
