@@ -131,6 +131,18 @@ STALL_WARN_S = _setting(
     "PYCOLLECTIVE_STALL_WARN_S", parse_seconds, 60.0,
     "after this many seconds of one wait, warn (StallWarning) naming the late ranks "
     "(0 or off: no warning)")
+def _parse_wait(text: str) -> str:
+    t = text.strip().lower()
+    if t not in ("auto", "spin", "sleep"):
+        raise ValueError("expected auto, spin or sleep")
+    return t
+
+
+SHM_WAIT = _setting(
+    "PYCOLLECTIVE_SHM_WAIT", _parse_wait, "auto",
+    "how a rank waits for the others of its node: spin (yielding the core now and then), "
+    "sleep (yield a few hundred times, then sleep in futex(2) until woken), or auto (sleep "
+    "where the node's ranks outnumber the cores they may run on; the default)")
 RANKS_PER_NODE = _setting(
     "PYCOLLECTIVE_RANKS_PER_NODE", str.strip, "",
     "emulated node layout for hierarchical: k ranks per node, or sizes like 2,4")

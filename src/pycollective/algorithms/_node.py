@@ -11,7 +11,8 @@ on first use, the same on every rank):
   reason they cannot run (the communicator spans nodes).
 * :func:`reduce_range`: combine elements ``[lo, hi)`` of every rank's input,
   operands in rank order 0..N-1, into ``out``; the peers' operands come from
-  their slots or straight from their published buffers.
+  their slots or straight from their published buffers
+  (:func:`cross_reduce`, which allreduce's "shm" uses too).
 
 Above ``CMA_BYTES`` (where cross-memory reads are allowed) the algorithms
 read the others' buffers where they are (one copy); below, or without them,
@@ -27,10 +28,15 @@ from .._context import Key
 from .._errors import ConfigurationError
 from .._shmem import DOUBLE_LIMIT, SharedSlots, reduce_block, whole_node
 
-__all__ = ["NodeState", "node_state", "on_one_node", "reduce_range", "CMA_BYTES", "STAGE_BYTES"]
+__all__ = ["NodeState", "node_state", "on_one_node", "reduce_range", "cross_reduce", "CMA_BYTES",
+           "CROSS_BLOCK_BYTES"]
 
 CMA_BYTES = DOUBLE_LIMIT
-STAGE_BYTES = 4 << 20   # cross-memory reads staged per block, all peers together (as "shm")
+# cross_reduce: bytes per operand and block; the partial result, two staged
+# blocks and the own block (1 MiB) stay in a 2 MiB L2.  256 KiB and 512 KiB
+# were 7-18 % faster than the 4 MiB staged at once before (N = 2, 4, 8; 1e7
+# float32), 1 MiB 1-8 % (docs/results/2026-12-01-waits.md).
+CROSS_BLOCK_BYTES = 256 << 10
 _BLOCK_BYTES = 128 << 10  # slot reductions: N operands + output of a block stay in cache
 _STATE = Key("node.collectives")
 
@@ -86,6 +92,51 @@ def on_one_node(ctx):
     return ctx.cached(_STATE, NodeState).error
 
 
+def cross_reduce(cross, src, out, lo, hi, kernel, block_bytes=None):
+    """``out = x_0[lo:hi] op ... op x_{N-1}[lo:hi]``, the peers' operands read where they are.
+
+    Each peer's block is read (``process_vm_readv`` of its published
+    ``src``) just before the kernel folds it in, into one of two staging
+    buffers, so the kernel reads it back from the core's own cache; the
+    partial result, two staged blocks and the own block stay within L2.
+
+    Args:
+        cross: the node's :class:`~pycollective._cma.CrossMemory`.
+        src: this rank's input (its operand is ``src[lo:hi]``, the peers'
+            the same element range of theirs).
+        out: ``hi - lo`` elements; may alias ``src[lo:hi]`` (in place).
+        kernel: the reduction; operands are folded in rank order 0..N-1.
+        block_bytes: bytes per operand and block (default ``CROSS_BLOCK_BYTES``).
+    """
+    n, r = cross.size, cross.rank
+    if hi <= lo:
+        return
+    block = max(1, (block_bytes or CROSS_BLOCK_BYTES) // src.itemsize)
+    nbytes = block * src.itemsize
+    tmp = cross.scratch(3 * nbytes)
+    buffers = [tmp[i * nbytes:(i + 1) * nbytes].view(src.dtype) for i in range(3)]
+    # In place, the first kernel pass writes out before a rank r >= 2 has
+    # read its own operand (operands go in rank order): stage it.
+    own_staged = r >= 2 and np.may_share_memory(src[lo:hi], out)
+    for b in range(lo, hi, block):
+        e = min(b + block, hi)
+        own = src[b:e]
+        if own_staged:
+            own = buffers[2][:e - b]
+            own[...] = src[b:e]
+        target = out[b - lo:e - lo]
+        for q in range(n):
+            if q == r:
+                x = own
+            else:
+                x = buffers[q & 1][:e - b]
+                cross.read(q, cross.SRC, b * src.itemsize, x)
+            if q == 0:
+                first = x  # its buffer is reused from q = 2 on, after the first pass
+            else:
+                kernel(first if q == 1 else target, x, target)
+
+
 def reduce_range(state, src, out, lo, hi, kernel, peers):
     """``out = x_0[lo:hi] op x_1[lo:hi] op ... op x_{N-1}[lo:hi]``, in rank order.
 
@@ -99,40 +150,22 @@ def reduce_range(state, src, out, lo, hi, kernel, peers):
             slot views, where every rank's slot holds its input at the same
             element offsets.
     """
+    if peers == "cma":
+        cross_reduce(state.cross, src, out, lo, hi, kernel)
+        return
     n, r = state.size, state.rank
     if hi <= lo:
         return
-    itemsize = src.itemsize
+    block = max(1, _BLOCK_BYTES // src.itemsize)
     # In place, the first kernel pass writes out before a rank r >= 2 has
     # read its own operand (operands go in rank order): stage it.
-    own_staged = r >= 2 and np.may_share_memory(src[lo:hi], out)
-    if peers == "cma":
-        cross = state.cross
-        # Fewer, larger reads cost less pinning per byte; the N-1 staged
-        # blocks together stay around STAGE_BYTES, still in cache when reduced.
-        block = max(1, max(16 << 10, STAGE_BYTES // max(n - 1, 1)) // itemsize)
-        tmp = cross.scratch(n * block * itemsize)
-        staged = [tmp[i * block * itemsize:(i + 1) * block * itemsize].view(src.dtype)
-                  for i in range(n)]
-    else:
-        block = max(1, _BLOCK_BYTES // itemsize)
-        staged = [None] * (n - 1) + [np.empty(min(block, hi - lo), src.dtype)
-                                     if own_staged else None]
+    staged = (np.empty(min(block, hi - lo), src.dtype)
+              if r >= 2 and np.may_share_memory(src[lo:hi], out) else None)
     for b in range(lo, hi, block):
         e = min(b + block, hi)
-        operands, i = [], 0
-        for q in range(n):
-            if q == r:
-                own = src[b:e]
-                if own_staged:
-                    own = staged[n - 1][:e - b]
-                    own[...] = src[b:e]
-                operands.append(own)
-            elif peers == "cma":
-                part = staged[i][:e - b]
-                i += 1
-                cross.read(q, cross.SRC, b * itemsize, part)
-                operands.append(part)
-            else:
-                operands.append(peers[q][b:e])
+        own = src[b:e]
+        if staged is not None:
+            own = staged[:e - b]
+            own[...] = src[b:e]
+        operands = [own if q == r else peers[q][b:e] for q in range(n)]
         reduce_block(kernel, operands, out[b - lo:e - lo])

@@ -8,10 +8,10 @@ the same protocol is one compiled call:
 * the agreement step (check on): :func:`post_row` writes this rank's
   agreement row (the call number and the agreed facts) into the board and
   its header (call number and fingerprint) into the node's header set,
-  fences, and raises this rank's counter; :func:`wait`; :func:`rows_agree`.
+  and raises this rank's counter; ``wait_own``; :func:`rows_agree`.
 * the data step: :func:`post_data` writes the input into this rank's slot
-  (and, with the check off, the header), fences and raises the counter;
-  :func:`wait`; :func:`reduce` compares every rank's header with this
+  (and, with the check off, the header) and raises the counter;
+  ``wait_own``; :func:`reduce` compares every rank's header with this
   rank's and only then reduces all slots into ``dst``.
 
 The steps, their barrier targets and what each publishes are exactly those
@@ -22,38 +22,16 @@ the same left fold by the same kernels, so results are bitwise the same.
 
 import numba
 
-from .._atomics import _fence, give_way
+from .._atomics import raise_own, wait_own
 from .._kernels import _max, _max_f16, _min, _min_f16, _prod, _prod_f16, _sum, _sum_f16
 
-__all__ = ["agreement_step", "data_step", "wait", "rows_agree", "reduce", "reduce_half", "DONE",
+__all__ = ["agreement_step", "data_step", "rows_agree", "reduce", "reduce_half", "DONE",
            "DISAGREE", "HEADERS_DIFFER", "LATE"]
 
 DONE, DISAGREE, HEADERS_DIFFER, LATE = 0, 1, 2, 3
 HEADER_WORDS = 10  # call number + fingerprint
 
 _jit = numba.njit(cache=True, nogil=True)
-
-
-@_jit
-def wait(flags, rank, size, target, turns):
-    """Spin until every counter has reached ``target``; -1 when they have.
-
-    Gives the core away every 64 spins (ranks often outnumber cores).  After
-    ``turns`` spins on one counter, returns that rank instead, so that
-    Python can keep waiting with a deadline and a side channel.
-    """
-    for q in range(size):
-        if q == rank:
-            continue
-        spins = 0
-        while flags[q * 8] < target:
-            spins += 1
-            if spins & 63 == 0:
-                give_way()
-            if spins >= turns:
-                return q
-    _fence()
-    return -1
 
 
 @_jit
@@ -72,8 +50,7 @@ def post_row(flags, rank, target, board, values, headers, number, fingerprint):
     for j in range(k, board.shape[1]):
         board[rank, j] = 0
     _header(headers, rank, number, fingerprint)
-    _fence()
-    flags[rank * 8] = target
+    raise_own(flags, rank, target)
 
 
 @_jit
@@ -94,8 +71,7 @@ def post_data(flags, rank, target, rows, src, headers, publish, number, fingerpr
         rows[rank, i] = src[i]
     if publish:
         _header(headers, rank, number, fingerprint)
-    _fence()
-    flags[rank * 8] = target
+    raise_own(flags, rank, target)
 
 
 @_jit
@@ -158,32 +134,31 @@ def reduce_half(headers, rank, size, rows, dst, op):
 # --- each step as one call (a compiled call costs about a microsecond to enter) --------
 
 @_jit
-def agreement_step(flags, rank, size, target, board, values, headers, number, fingerprint,
-                   turns):
-    """:func:`post_row`, :func:`wait`, :func:`rows_agree`: DONE, DISAGREE, or LATE
-    (a rank has not arrived within ``turns`` spins: wait in Python, then ask
-    :func:`rows_agree`)."""
+def agreement_step(flags, rank, size, target, board, values, headers, number, fingerprint):
+    """:func:`post_row`, wait, :func:`rows_agree`: DONE, DISAGREE, or LATE (a
+    rank has not arrived within this rank's wait budget, kept beside its
+    counter: wait in Python, then ask :func:`rows_agree`)."""
     post_row(flags, rank, target, board, values, headers, number, fingerprint)
-    if wait(flags, rank, size, target, turns) >= 0:
+    if wait_own(flags, rank, size, target) >= 0:
         return LATE
     return DONE if rows_agree(board, values, size) else DISAGREE
 
 
 @_jit
 def data_step(flags, rank, size, target, rows, src, headers, publish, number, fingerprint,
-              checking, dst, op, turns):
-    """:func:`post_data`, :func:`wait`, :func:`reduce`: DONE, HEADERS_DIFFER or LATE."""
+              checking, dst, op):
+    """:func:`post_data`, wait, :func:`reduce`: DONE, HEADERS_DIFFER or LATE."""
     post_data(flags, rank, target, rows, src, headers, publish, number, fingerprint)
-    if wait(flags, rank, size, target, turns) >= 0:
+    if wait_own(flags, rank, size, target) >= 0:
         return LATE
     return reduce(checking, rank, size, rows, dst, op)
 
 
 @_jit
 def data_step_half(flags, rank, size, target, rows, src, headers, publish, number, fingerprint,
-                   checking, dst, op, turns):
+                   checking, dst, op):
     """:func:`data_step` for float16 (uint16 views)."""
     post_data(flags, rank, target, rows, src, headers, publish, number, fingerprint)
-    if wait(flags, rank, size, target, turns) >= 0:
+    if wait_own(flags, rank, size, target) >= 0:
         return LATE
     return reduce_half(checking, rank, size, rows, dst, op)

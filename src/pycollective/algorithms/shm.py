@@ -8,10 +8,11 @@ point-to-point messages; there are two ways to reach the others' memory.
 
 Single copy (messages above ``DOUBLE_LIMIT`` = 1 MiB, where the system
 allows it): each rank publishes the addresses and size of its ``src`` and
-``dst`` in its header of the node's control segment; sync; rank i reads slice i of every other rank's
-``src`` with ``process_vm_readv`` (Linux cross-memory attach) into a staging
-block of about ``_CMA_STAGE_BYTES`` in total, still in cache when the kernel
-combines it with its own operand straight into ``dst``; sync; rank i reads
+``dst`` in its header of the node's control segment; sync; rank i reads
+slice i of every other rank's ``src`` with ``process_vm_readv`` (Linux
+cross-memory attach), block by block and peer by peer, each block just
+before the kernel folds it into ``dst`` so that the kernel reads it back
+from cache (:func:`~pycollective.algorithms._node.cross_reduce`); sync; rank i reads
 slice q of rank q's ``dst`` straight into its own ``dst`` for every q != i;
 sync (nobody returns, and lets its ``dst`` change, while others read it).
 Nothing is staged through shared memory and the caller's buffers are read
@@ -50,7 +51,8 @@ path).
 Sync is the node group's :class:`~pycollective._shmem.FlagBarrier`: memory
 fences around counters in shared memory, a few cache-line transfers instead
 of an ``MPI_Barrier``; waiting ranks keep MPI progress going, yield the core
-when they spin long and raise a timeout naming a stalled peer.  The first
+(and, where ranks outnumber cores, sleep in ``futex(2)`` until the awaited
+counter moves) and raise a timeout naming a stalled peer.  The first
 sync of every call compares every rank's header (call number, count, dtype,
 op, algorithm), so ranks that disagree raise before any rank reads another's
 data, with or without the agreement step.
@@ -93,9 +95,9 @@ from .._shmem import (
     whole_node,
 )
 from . import _small
+from ._node import cross_reduce
 
 _REPLICATE_BYTES = 4 << 10    # up to this, every rank reduces the whole vector
-_CMA_STAGE_BYTES = 4 << 20    # single-copy path: bytes read from the others per block (measured)
 _STATE = Key("shm")
 
 
@@ -135,33 +137,7 @@ def cma_allreduce_on(cross, src, dst, kernel):
     cross.publish(src, dst)
     cross.group.sync()  # the call's first: every header checked before any read
     lo, hi = bounds[r], bounds[r + 1]
-    # Fewer, larger reads cost less pinning per byte; the N-1 staged blocks
-    # together stay around _CMA_STAGE_BYTES so they are still in cache.
-    block_bytes = max(16 << 10, _CMA_STAGE_BYTES // (n - 1))
-    block = max(1, block_bytes // itemsize)
-    tmp = cross.scratch(n * block * itemsize)
-    staged = [tmp[i * block * itemsize:(i + 1) * block * itemsize].view(dst.dtype)
-              for i in range(n)]
-    # In place, the first kernel pass writes dst before a rank r >= 2 has
-    # read its own operand (operands go in rank order), so stage it too.
-    own_staged = r >= 2 and np.may_share_memory(src, dst)
-    for b in range(lo, hi, block):
-        e = min(b + block, hi)
-        operands, i = [], 0
-        for q in range(n):
-            if q == r:
-                if own_staged:
-                    own = staged[n - 1][:e - b]
-                    own[...] = src[b:e]
-                    operands.append(own)
-                else:
-                    operands.append(src[b:e])
-            else:
-                part = staged[i][:e - b]
-                i += 1
-                cross.read(q, cross.SRC, b * itemsize, part)
-                operands.append(part)
-        reduce_block(kernel, operands, dst[b:e])
+    cross_reduce(cross, src, dst[lo:hi], lo, hi, kernel)
     cross.group.sync()
     for q in range(n):
         qlo, qhi = bounds[q], bounds[q + 1]
@@ -232,7 +208,6 @@ _F16 = np.dtype(np.float16)
 _COMPILED = {np.dtype(t) for t in ("float16", "float32", "float64", "int8", "int16", "int32",
                                    "int64", "uint8", "uint16", "uint32", "uint64")}
 _OPS = {"sum": 0, "prod": 1, "max": 2, "min": 3}
-_TURNS = 1 << 14  # compiled spins before Python takes over the wait (and its deadline)
 
 
 def shm_agreed(ctx, src, dst, kernel, values, board):
@@ -252,7 +227,7 @@ def shm_agreed(ctx, src, dst, kernel, values, board):
         board.parity ^= 1
         verdict = _small.agreement_step(group.barrier.words, group.rank, group.size, target,
                                         rows_board, values, publish, call.number,
-                                        call.fingerprint_words, _TURNS)
+                                        call.fingerprint_words)
         if verdict == _small.LATE:
             group.barrier.wait(target)  # a slow rank: wait on with the deadline
             verdict = _small.DONE if _small.rows_agree(rows_board, values, group.size) \
@@ -290,7 +265,7 @@ def _small_data(node, call, src, dst):
     step = _small.data_step_half if half else _small.data_step
     verdict = step(group.barrier.words, group.rank, group.size, target, rows, src,
                    publish if publish is not None else checking, publish is not None,
-                   call.number, call.fingerprint_words, checking, dst, op, _TURNS)
+                   call.number, call.fingerprint_words, checking, dst, op)
     if verdict == _small.LATE:
         group.barrier.wait(target)  # a slow rank: wait on with the deadline
         reduce = _small.reduce_half if half else _small.reduce

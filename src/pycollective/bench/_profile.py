@@ -21,6 +21,7 @@ from mpi4py import MPI
 
 from .. import _agree, _fastpath
 from .. import _collectives as _api
+from .._atomics import CAN_SLEEP
 from .._context import get_context
 from .._exact import compare, fill_exact
 from .._kernels import get_kernel
@@ -31,6 +32,7 @@ from .._table import format_table
 from .._timing import calls_for_budget, rounds, slowest, timed_call
 from .._units import count_arg
 from ..algorithms import shm
+from ..algorithms._node import CROSS_BLOCK_BYTES
 from ._args import add_data_options, check_exact, positive_int
 from ._cli import command
 from ._report import t_us
@@ -38,6 +40,25 @@ from ._report import t_us
 __all__ = ["pieces", "breakdown"]
 
 _PIECE_REPS = 5
+_WAITS = (False, True) if CAN_SLEEP else ()
+
+
+def _waiting(barrier, sleep, fn):
+    """``fn`` with the node's waits sleeping or spinning (switched only when that changes).
+
+    Every rank switches at the start of a sample, after the Barrier that
+    begins it, when no rank waits (see ``FlagBarrier.set_sleep``), so the
+    modes can take turns in one run.
+    """
+    def run():
+        if barrier.sleep != sleep or barrier.wakes != sleep:
+            barrier.set_sleep(sleep)
+        fn()
+    return run
+
+
+def _mode(sleep):
+    return "waits sleep" if sleep else "waits spin"
 
 
 def _shm_reason(session):
@@ -119,6 +140,7 @@ def pieces(session, seconds):
                              agree=agree, inner=inner, reps=_PIECE_REPS,
                              times=[float(t) for t in times], time=statistics.median(times)))
             progress.step(name[:24])
+        rows += _wait_pieces(comm, session.nranks, node.group, whole, seconds)
     finally:
         _api.set_check(previous)
     cols = [("piece of a 1-element shm call", lambda r: r["name"]),
@@ -127,6 +149,39 @@ def pieces(session, seconds):
             ("time(us)", lambda r: t_us(r["time"]))]
     session.print(format_table(cols, rows, prefix="# "))
     return rows
+
+
+def _wait_pieces(comm, nranks, group, whole, seconds):
+    """The call (agreement on) and the flag barrier with the waits spinning and sleeping.
+
+    The two modes take turns sample by sample (:func:`rounds`), so load
+    from other processes hits both alike.  Collective; the caller restores
+    the agreement setting, this restores the waits.
+    """
+    if not _WAITS:
+        return []
+    barrier = group.barrier
+    chosen = barrier.sleep, barrier.wakes
+    _api.set_check(True)
+    calls, inner, agree = {}, {}, {}
+    try:
+        for name, fn, agreement in (("allreduce(shm), agreement on", whole, True),
+                                    ("flag barrier", group.sync, False)):
+            for sleep in _WAITS:
+                label = f"{name}, {_mode(sleep)}"
+                calls[label] = _waiting(barrier, sleep, fn)
+                agree[label] = agreement
+                comm.Barrier()  # nobody waits while the ranks switch
+                for _ in range(20):
+                    calls[label]()
+                inner[label] = calls_for_budget(comm, calls[label], seconds / (_PIECE_REPS + 1),
+                                                cap=100_000)
+        times = rounds(comm, calls, _PIECE_REPS, inner)
+    finally:  # rounds() ended in an Allreduce: no rank waits on the node any more
+        barrier.set_sleep(*chosen)
+    return [dict(kind="piece", name=label, within=None, nranks=nranks, agree=agree[label],
+                 inner=inner[label], reps=_PIECE_REPS, times=[float(t) for t in t_all],
+                 time=statistics.median(t_all)) for label, t_all in times.items()]
 
 
 # --- the phases of one large call ---------------------------------------------
@@ -163,10 +218,10 @@ def _single_copy_path(cross, src, dst, kernel):
     n, r = cross.size, cross.rank
     bounds = chunk_bounds(dst.size, n)
     itemsize = dst.itemsize
-    block = max(1, max(16 << 10, shm._CMA_STAGE_BYTES // (n - 1)) // itemsize)
-    tmp = cross.scratch(n * block * itemsize)
+    block = max(1, CROSS_BLOCK_BYTES // itemsize)
+    tmp = cross.scratch(2 * block * itemsize)
     staged = [tmp[i * block * itemsize:(i + 1) * block * itemsize].view(dst.dtype)
-              for i in range(n)]
+              for i in range(2)]
     cross.group.sync()  # a common start
     t0 = time.perf_counter()
     cross.publish(src, dst)
@@ -174,20 +229,21 @@ def _single_copy_path(cross, src, dst, kernel):
     t1 = time.perf_counter()
     lo, hi = bounds[r], bounds[r + 1]
     reducing = 0.0
-    for b in range(lo, hi, block):
+    for b in range(lo, hi, block):  # as _node.cross_reduce, with a clock around the kernel
         e = min(b + block, hi)
-        operands, i = [], 0
+        target = dst[b:e]
         for q in range(n):
             if q == r:
-                operands.append(src[b:e])
+                x = src[b:e]
             else:
-                part = staged[i][:e - b]
-                i += 1
-                cross.read(q, cross.SRC, b * itemsize, part)
-                operands.append(part)
-        k = time.perf_counter()
-        reduce_block(kernel, operands, dst[b:e])
-        reducing += time.perf_counter() - k
+                x = staged[q & 1][:e - b]
+                cross.read(q, cross.SRC, b * itemsize, x)
+            if q == 0:
+                first = x
+                continue
+            k = time.perf_counter()
+            kernel(first if q == 1 else target, x, target)
+            reducing += time.perf_counter() - k
     t2 = time.perf_counter()
     cross.group.sync()
     t3 = time.perf_counter()
@@ -225,6 +281,9 @@ def _breakdown_options(p):
                    help="elements per rank (1e7)")
     add_data_options(p)
     p.add_argument("--reps", type=positive_int, default=5, help="timed repetitions (5)")
+    p.add_argument("--waits", action="store_true",
+                   help="also time the call with the node's waits spinning and sleeping "
+                        "(PYCOLLECTIVE_SHM_WAIT), taking turns with the others")
 
 
 def _breakdown_check(args, parser, nranks):
@@ -264,7 +323,17 @@ def breakdown(args, session):
             _api.allreduce(src, dst, args.op, comm=comm, algorithm="shm")
 
         whole()
-        calls = rounds(comm, {"native": native, "shm": whole}, args.reps)
+        contenders = {"native": native, "shm": whole}
+        if args.waits:
+            barrier = state.node.group.barrier
+            chosen = barrier.sleep, barrier.wakes
+            contenders.update({f"shm, {_mode(sleep)}": _waiting(barrier, sleep, whole)
+                               for sleep in _WAITS})
+        try:
+            calls = rounds(comm, contenders, args.reps)
+        finally:
+            if args.waits:  # after rounds()' Allreduce: no rank waits on the node
+                barrier.set_sleep(*chosen)
         whole()
         wrong = comm.allreduce(compare(dst, expected)[0], op=MPI.SUM)
         base = dict(nranks=nranks, count=count, dtype=dtype.name)
@@ -291,6 +360,10 @@ def _print_breakdown(session, rows, count, dtype):
     session.print(f"# shm on {session.nranks} ranks, M={count} {dtype.name}: one call "
                   f"{t_us(calls['shm'])} us, native {t_us(calls['native'])} us "
                   "(medians of the slowest rank)")
+    modes = [name for name in calls if name.startswith("shm, ")]
+    if modes:
+        session.print("# the same call, taking turns: " + ", ".join(
+            f"{name} {t_us(calls[name])} us" for name in modes))
     phases = [r for r in rows if r["path"] != "call"]
     cols = [("path", lambda r: r["path"] + (" (used)" if r["used"] else "")),
             ("phase", lambda r: r["phase"]), ("time(us)", lambda r: t_us(r["time"])),
