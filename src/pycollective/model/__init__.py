@@ -12,13 +12,13 @@ code.  The package is split by concern:
 ``fit``             fitting α, β and measured/model ratios to measurements
 ``topology``        where ranks run (``Layout``) and what links cost (``Topology``)
 ``tuning``          what ``auto``'s timed trials try, and how it decides
-``calibrate``       measuring on this machine, through ``pycollective.allreduce``
+``calibration``     measuring on this machine, through ``pycollective.allreduce``
 ``__main__``        ``python -m pycollective.model lecture|table|show|calibrate|check``
 ==================  ===========================================================
 
-Everything but ``calibrate`` is pure computation and sits below the
+Everything but ``calibration`` is pure computation and sits below the
 collectives in the import graph (the library's automatic choice uses it);
-``calibrate`` measures through the public collectives and so sits above
+``calibration`` measures through the public collectives and so sits above
 them.  It is therefore loaded on first use of its names (PEP 562), not when
 ``pycollective.model`` is imported, which would be an import cycle.
 """
@@ -42,8 +42,10 @@ __all__ = [
 ]
 
 # Names of the measuring layer and the command line, loaded on first use.
-_LAZY = {"calibrate": "calibrate", "measure_algorithms": "calibrate",
-         "ALGORITHM_COUNTS": "calibrate", "CALIBRATED_DTYPES": "calibrate",
+# The measuring module is not named "calibrate": importing a submodule sets the
+# package attribute of its name, which would then hide the function.
+_LAZY = {"calibrate": "calibration", "measure_algorithms": "calibration",
+         "ALGORITHM_COUNTS": "calibration", "CALIBRATED_DTYPES": "calibration",
          "main": "__main__"}
 
 

@@ -24,7 +24,7 @@ from .. import _registry
 from .._root import bcast_from_root
 from .._table import format_rows
 from .._units import count_arg, parse_count, size_arg
-from .calibrate import ALGORITHM_COUNTS, calibrate, measure_algorithms
+from .calibration import ALGORITHM_COUNTS, calibrate, measure_algorithms
 from .choice import choose, explain, rates
 from .formulas import predict_all
 from .lecture import LECTURE, lecture_cases, lecture_predict

@@ -36,7 +36,7 @@ data, and records per rank:
   Beside ``comm``, the prediction of :func:`pycollective.model.ledger.call_time`
   summed over those calls, with α, β (at the calls' chunk size) and γ (of
   the wire dtype) measured on the group just before
-  (:func:`pycollective.model.calibrate.calibrate`, ring exchanges and
+  (:func:`pycollective.model.calibration.calibrate`, ring exchanges and
   kernels only, about a second at N = 2); with ``calibrate=False`` from the
   model's saved calibration or built-in defaults instead.
 """
@@ -52,7 +52,7 @@ from mpi4py import MPI
 from .._auto import layout_of
 from .._context import get_context
 from .._timing import lower_quartile, slowest, timed_call
-from ..model.calibrate import calibrate as _calibrate
+from ..model.calibration import calibrate as _calibrate
 from ..model.choice import rates
 from ..model.ledger import STAGES, call_time, memory_per_rank, traffic_per_rank
 from ..model.params import load_params, params_for
