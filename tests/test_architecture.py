@@ -25,7 +25,7 @@ LAYERS = [
      "_partition", "_registry", "_errors", "_atomics", "_settings", "_buffers", "_buffers.*",
      "compression"},
     {"_watch", "_context"},
-    {"_shmem", "_cma"},
+    {"_shmem", "_cma", "_segment", "_barrier"},
     {"algorithms", "algorithms.*"},
     {"_agree", "_fastpath", "_auto", "_choose", "model", "model.formulas", "model.lecture",
      "model.params", "model.choice", "model.fit", "model.ledger", "model.topology",

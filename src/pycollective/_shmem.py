@@ -1,15 +1,12 @@
-"""Shared memory among the ranks of one node: segments, a barrier, a MAX board, node steps.
+"""Shared memory among the ranks of one node: the group, a MAX board, slots, node steps.
 
 The primitives the shared-memory algorithms ("shm", "hierarchical") and the
 agreement step are built from.
 
-* :class:`Segment`: memory mapped by every rank of a node.  It is an
-  anonymous ``memfd`` that the other ranks open through ``/proc/<pid>/fd``
-  (nothing is ever named in ``/dev/shm``), or, where that is not possible, a
-  POSIX shared-memory object that is unlinked as soon as every rank has it
-  mapped.  Either way nothing is left behind when the processes end, and no
-  MPI window is used: MPI implementations limit their number and some crash
-  beyond it, while a mapping costs one entry in the process's memory map.
+* :class:`~pycollective._segment.Segment` (its own module): memory mapped by
+  every rank of a node, never named in ``/dev/shm`` for longer than the set-up.
+* :class:`~pycollective._barrier.FlagBarrier` (its own module): the counters'
+  barrier, spinning or sleeping.
 * :class:`NodeGroup`: the ranks of a communicator that share memory, with a
   small control segment holding a counter per rank (the barrier), a header
   per rank (what this rank is doing: call number and fingerprint, buffer
@@ -28,33 +25,27 @@ each other's data (which is what makes the shared-memory paths safe with the
 agreement step off).
 """
 
-import mmap
-import os
 import pickle
-import secrets
 
 import numpy as np
 from mpi4py import MPI
 
-from . import _env, _watch
-from ._atomics import CAN_SLEEP, STRIDE, fence, raise_counter_at, set_budget, wait_counters
+from . import _watch
+from ._atomics import STRIDE
+from ._barrier import FlagBarrier, wait_modes
 from ._context import Key
-from ._errors import CollectiveMismatch, ConfigurationError
+from ._errors import CollectiveMismatch
+from ._segment import Segment
 
-__all__ = ["Segment", "NodeGroup", "whole_node", "FlagBarrier", "SharedSlots", "SharedMax", "node_comm",
-           "wait_modes", "reduce_block", "copy_in", "reduce_own_slice", "copy_out",
+# Segment, FlagBarrier and wait_modes live in their own modules; re-exported
+# because the node's users know them from here.
+__all__ = ["Segment", "NodeGroup", "whole_node", "FlagBarrier", "SharedSlots", "SharedMax",
+           "node_comm", "wait_modes", "reduce_block", "copy_in", "reduce_own_slice", "copy_out",
            "BLOCK_BYTES", "DOUBLE_LIMIT"]
 
 BLOCK_BYTES = 128 << 10      # reduction block: N inputs + output stay in a 2 MB L2
 DOUBLE_LIMIT = 1 << 20       # up to this, alternate two regions (no trailing sync)
 _ALIGN = 4096
-
-# Waiting where ranks outnumber cores (FlagBarrier): checks of a counter before
-# sleeping on it, the first sleep's bound and the longest (measured: see
-# docs/results/2026-12-01-waits.md).
-SLEEP_SPINS = 256
-FIRST_SLEEP_NS = 200_000
-LONGEST_SLEEP_NS = 10_000_000
 
 # Control segment layout, in int64 words.
 _FLAG_WORDS = STRIDE         # one 64-byte cache line per rank: counter, sleepers
@@ -85,260 +76,6 @@ def _round_capacity(nbytes):
         return 1 << (nbytes - 1).bit_length()
     step = 16 << 20
     return -(-nbytes // step) * step
-
-
-# --- segments ---------------------------------------------------------------------------
-
-def _open_proc_fd(pid, fd):
-    f = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR)
-    try:
-        return f
-    except BaseException:
-        os.close(f)
-        raise
-
-
-class Segment:
-    """``nbytes`` of memory mapped by every rank of a node (see the module docstring).
-
-    Build it with :meth:`share`, collectively; free it by dropping every
-    reference (the mapping goes when the last view of it goes).
-    """
-
-    __slots__ = ("mm", "nbytes")
-
-    def __init__(self, mm, nbytes):
-        self.mm, self.nbytes = mm, nbytes
-
-    def words(self):
-        """The whole segment as int64 words."""
-        return np.frombuffer(self.mm, np.int64, self.nbytes // 8)
-
-    def bytes(self):
-        return np.frombuffer(self.mm, np.uint8, self.nbytes)
-
-    @classmethod
-    def share(cls, nbytes, rank, bcast, all_ok):
-        """Create on rank 0, map on every rank; collective through the two callables.
-
-        Args:
-            nbytes: size of the segment.
-            rank: this rank among the node's ranks (0 creates).
-            bcast: ``bcast(value)`` -> rank 0's value on every rank.
-            all_ok: ``all_ok(flag)`` -> True on every rank iff every flag was True.
-
-        Raises:
-            OSError: the ranks cannot share memory (the same on every rank).
-        """
-        nbytes = -(-max(nbytes, 8) // mmap.PAGESIZE) * mmap.PAGESIZE
-        mm = None
-        fd, info = None, None
-        if rank == 0 and hasattr(os, "memfd_create"):
-            try:
-                fd = os.memfd_create("pycollective", getattr(os, "MFD_CLOEXEC", 0))
-                os.ftruncate(fd, nbytes)
-                mm = mmap.mmap(fd, nbytes)
-                info = (os.getpid(), fd)
-            except OSError:
-                info = None
-        info = bcast(info)
-        if info is not None and rank != 0:
-            try:
-                f = _open_proc_fd(*info)
-                try:
-                    mm = mmap.mmap(f, nbytes)
-                finally:
-                    os.close(f)
-            except OSError:
-                mm = None
-        ok = all_ok(mm is not None)
-        if fd is not None:
-            os.close(fd)  # every rank holds its own mapping now (or none)
-        if ok:
-            return cls(mm, nbytes)
-        mm = None
-        return cls._share_by_name(nbytes, rank, bcast, all_ok)
-
-    @classmethod
-    def _share_by_name(cls, nbytes, rank, bcast, all_ok):
-        import _posixshmem  # CPython's shm_open/shm_unlink (what multiprocessing uses)
-        mm, name = None, None
-        flags = os.O_RDWR
-        if rank == 0:
-            name = f"/pycollective-{os.getpid()}-{secrets.token_hex(6)}"
-            try:
-                fd = _posixshmem.shm_open(name, flags | os.O_CREAT | os.O_EXCL, mode=0o600)
-                try:
-                    os.ftruncate(fd, nbytes)
-                    mm = mmap.mmap(fd, nbytes)
-                finally:
-                    os.close(fd)
-            except OSError:
-                name = None
-        name = bcast(name)
-        if name is not None and rank != 0:
-            try:
-                fd = _posixshmem.shm_open(name, flags, mode=0o600)
-                try:
-                    mm = mmap.mmap(fd, nbytes)
-                finally:
-                    os.close(fd)
-            except OSError:
-                mm = None
-        ok = all_ok(mm is not None)
-        if rank == 0 and name is not None:
-            _posixshmem.shm_unlink(name)  # mapped everywhere (or failed): no name left behind
-        if not ok:
-            raise OSError("the ranks of this node cannot share memory (neither memfd through "
-                          "/proc nor POSIX shared memory worked)")
-        return cls(mm, nbytes)
-
-
-# --- a barrier through counters -----------------------------------------------------------
-
-class FlagBarrier:
-    """A barrier through counters in shared memory, one cache line per rank.
-
-    ``sync(target)`` stores this rank's data (a full fence first), raises its
-    counter to ``target`` (:func:`~pycollective._atomics.raise_counter`,
-    which also wakes ranks asleep on it), waits until every other counter
-    has reached it, and fences again before the caller loads what the others
-    stored.  A few cache-line transfers instead of an MPI_Barrier's
-    messages, which is most of a small allreduce.  Targets only grow.
-    Without a target the barrier counts its own syncs.
-
-    How a rank waits depends on ``sleep``.  With a core of its own it spins
-    and yields the core now and then; where the node's ranks outnumber the
-    cores, the rank it waits for is often not running at all, so it yields
-    the core at every check, and after a few hundred checks it sleeps in the
-    kernel until that rank's counter moves
-    (:func:`~pycollective._atomics.wait_counters`), and the core goes to a
-    rank with work to do.  Sleeps are bounded (:data:`FIRST_SLEEP_NS`,
-    doubling up to :data:`LONGEST_SLEEP_NS`), and between them the rank
-    acts on its deadline and side channel (:class:`_watch.Waiter`: a stalled
-    peer raises a timeout naming it) and calls into MPI (``Iprobe`` on
-    ``progress``, which matches nothing we would take): a rank that has
-    finished an algorithm on point-to-point messages may still owe its
-    partner the last step of a transfer (MPICH completes a large send only
-    when the receiver's progress engine acknowledges it), and a rank waiting
-    here without entering MPI would leave that partner waiting for ever
-    while the partner is what this rank waits for.
-
-    Args:
-        flags: int64 array with ``size * STRIDE`` words in shared memory (zeroed).
-        rank, size: this rank and the number of ranks.
-        progress: an MPI communicator to ``Iprobe`` on (or None).
-        sleep: sleep while waiting (ranks outnumber cores) instead of spinning.
-        wakes: some rank of the node may sleep, so raising a counter must
-            look for sleepers (default: ``sleep``); the same on every rank.
-
-    Attributes:
-        budget: ``(spins, yield_mask, sleep_ns, sleeps)``: how long
-            ``wait_counters`` waits before it hands the wait back to
-            Python; kept beside this rank's counter for compiled steps
-            (``_atomics.set_budget``), with ``wakes``.
-    """
-
-    def __init__(self, flags, rank, size, progress=None, sleep=False, wakes=None):
-        self.rank, self.size, self.progress = rank, size, progress
-        self.words = flags  # every counter, for compiled code: rank q's at q * STRIDE
-        self._counter = flags.ctypes.data + 8 * STRIDE * rank  # this rank's, by address
-        self._flags = [flags[q * STRIDE:q * STRIDE + 1] for q in range(size)]
-        self._others = [f for q, f in enumerate(self._flags) if q != rank]
-        self._seq = 0
-        self.set_sleep(sleep, wakes)
-
-    def set_sleep(self, sleep, wakes=None):
-        """Sleep while waiting (where the system can), or spin; returns the previous choice.
-
-        ``wakes`` (default: ``sleep``) must be true on every rank where any
-        rank may sleep: a rank whose raises do not look for sleepers leaves
-        them asleep until their sleep's bound.  So every rank switches
-        together, at a point where no rank waits (``bench latency``'s pieces
-        and ``bench breakdown --waits`` switch right after the Barrier that
-        starts a sample); ranks that mix the two modes pass ``wakes=True``.
-        """
-        previous = getattr(self, "sleep", False)
-        self.sleep = bool(sleep) and CAN_SLEEP
-        self.wakes = CAN_SLEEP and bool(self.sleep if wakes is None else wakes)
-        # Compiled waits, before Python takes over: spinning, 2^14 checks
-        # with a yield every 64 (about a millisecond); sleeping, a yield at
-        # every check (the rank awaited is most often waiting for this core)
-        # for SLEEP_SPINS checks, then one bounded sleep per rank still
-        # awaited, and two more.
-        self.budget = ((SLEEP_SPINS, 0, FIRST_SLEEP_NS, self.size + 2) if self.sleep
-                       else (1 << 14, 63, 0, 0))
-        set_budget(self.words, self.rank, *self.budget, self.wakes)
-        return previous
-
-    def sync(self, target=None):
-        if target is None:
-            target = self._seq = self._seq + 1
-        raise_counter_at(self._counter, target, self.wakes)  # an address: cheapest from Python
-        self.wait(target)
-
-    def wait(self, target):
-        """Wait (bounded) until every other counter has reached ``target``; fence after."""
-        if self.sleep:
-            self._sleep_until(target)
-            return
-        spins, waiter = 0, None
-        for flag in self._others:
-            while flag[0] < target:
-                spins += 1
-                if spins & 15 == 0:
-                    if self.progress is not None:
-                        self.progress.Iprobe()  # MPI progress for sends still in flight
-                    if spins > 64:
-                        if waiter is None:
-                            waiter = _watch.Waiter("the other ranks of this node")
-                        waiter.pause()
-        fence()
-
-    def _sleep_until(self, target):
-        words, rank, size = self.words, self.rank, self.size
-        spins, every, sleep_ns, sleeps = self.budget
-        if wait_counters(words, rank, size, target, spins, every, sleep_ns, sleeps) < 0:
-            return
-        waiter = _watch.Waiter("the other ranks of this node")
-        while True:
-            if self.progress is not None:
-                self.progress.Iprobe()  # MPI progress for sends still in flight
-            waiter.pause()
-            sleep_ns = min(2 * sleep_ns, LONGEST_SLEEP_NS)
-            if wait_counters(words, rank, size, target, spins, every, sleep_ns, 1) < 0:
-                return
-
-    def late(self, target):
-        """Ranks whose counter is below ``target`` (for messages)."""
-        return [q for q, f in enumerate(self._flags) if f[0] < target]
-
-
-def wait_modes(comm):
-    """``(sleep, wakes)``: whether this rank's node waits sleep, and whether any rank's do.
-
-    Collective over the node's ``comm``.  ``PYCOLLECTIVE_SHM_WAIT``:
-    ``sleep``, ``spin``, or ``auto``: sleep where the node's ranks outnumber
-    the CPUs they may run on together (the union of their affinity masks, so
-    ranks bound one to a core still spin).  Ranks may choose differently
-    (then ``wakes`` is true on all); a bad value on any rank raises the same
-    ConfigurationError on every rank.
-    """
-    try:
-        mode, error = _env.SHM_WAIT.get(), None
-    except ValueError as exc:
-        mode, error = None, str(exc)
-    try:
-        cpus = set(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = set(range(os.cpu_count() or 1))
-    seen = comm.allgather((cpus, mode, error))
-    for q, (_, _, bad) in enumerate(seen):
-        if bad is not None:
-            raise ConfigurationError(f"node rank {q}: {bad}")
-    crowded = comm.Get_size() > len(set().union(*(c for c, _, _ in seen)))
-    sleeps = [m == "sleep" or (m == "auto" and crowded) for _, m, _ in seen]
-    return sleeps[comm.Get_rank()], any(sleeps)
 
 
 # --- the ranks of a node --------------------------------------------------------------------

@@ -26,7 +26,7 @@ import numpy as np
 from .. import _cma, _env
 from .._context import Key
 from .._errors import ConfigurationError
-from .._shmem import DOUBLE_LIMIT, SharedSlots, reduce_block, whole_node
+from .._shmem import BLOCK_BYTES, DOUBLE_LIMIT, SharedSlots, reduce_block, whole_node
 
 __all__ = ["NodeState", "node_state", "on_one_node", "reduce_range", "cross_reduce", "CMA_BYTES",
            "CROSS_BLOCK_BYTES"]
@@ -37,7 +37,6 @@ CMA_BYTES = DOUBLE_LIMIT
 # were 7-18 % faster than the 4 MiB staged at once before (N = 2, 4, 8; 1e7
 # float32), 1 MiB 1-8 % (docs/results/2026-12-01-waits.md).
 CROSS_BLOCK_BYTES = 256 << 10
-_BLOCK_BYTES = 128 << 10  # slot reductions: N operands + output of a block stay in cache
 _STATE = Key("node.collectives")
 
 
@@ -156,7 +155,7 @@ def reduce_range(state, src, out, lo, hi, kernel, peers):
     n, r = state.size, state.rank
     if hi <= lo:
         return
-    block = max(1, _BLOCK_BYTES // src.itemsize)
+    block = max(1, BLOCK_BYTES // src.itemsize)  # the node steps' block (slots)
     # In place, the first kernel pass writes out before a rank r >= 2 has
     # read its own operand (operands go in rank order): stage it.
     staged = (np.empty(min(block, hi - lo), src.dtype)
