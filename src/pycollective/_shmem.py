@@ -170,6 +170,10 @@ class NodeGroup:
             checking, self._unchecked = self._unchecked, None
         return self._last, publish, checking
 
+    def header_set(self):
+        """The header set this rank published last (its current call's)."""
+        return self.headers[(self._published - 1) & 1]
+
     def publish(self, call):
         """Write ``call``'s number and fingerprint into this rank's header; return the set."""
         rows = self.headers[self._published & 1]

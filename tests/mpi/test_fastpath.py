@@ -54,6 +54,14 @@ def test_repeated_call_fast_path_keeps_every_check(algorithm):
     with pytest.raises(ValueError, match="disagree on count"):
         pycollective.allreduce(y, np.empty_like(y), "sum", comm=comm, algorithm=algorithm)
 
+    # After a disagreement found on the cached path, every rank still uses the
+    # same slot region: calls with fresh data each time stay right.
+    for k in range(3):
+        z = x * (k + 2)
+        out = np.empty_like(x)
+        pycollective.allreduce(z, out, "sum", comm=comm, algorithm=algorithm)
+        assert np.array_equal(out, expected * (k + 2)), k
+
     overlap = np.zeros(150)
     with pytest.raises(ValueError, match="overlap"):
         pycollective.allreduce(overlap[:100], overlap[50:], "sum", comm=comm,

@@ -5,19 +5,25 @@ every rank reduces all slots in rank order (see ``shm.py``).  In Python that
 is a dozen calls and two synchronisations per allreduce; here each step of
 the same protocol is one compiled call:
 
-* the agreement step (check on): :func:`post_row` writes this rank's
-  agreement row (the call number and the agreed facts) into the board and
-  its header (call number and fingerprint) into the node's header set,
-  and raises this rank's counter; ``wait_own``; :func:`rows_agree`.
 * the data step: :func:`post_data` writes the input into this rank's slot
-  (and, with the check off, the header) and raises the counter;
+  (and the header, if this is the call's first step) and raises the counter;
   ``wait_own``; :func:`reduce` compares every rank's header with this
   rank's and only then reduces all slots into ``dst``.
+* both in one (check on, the repeated call's fast path):
+  :func:`agreed_step` writes the agreement row, the input and the header,
+  raises the counter once, waits once, and reduces only if every rank's
+  row equals this rank's (:func:`agreed_reduce`).  One synchronisation per
+  call instead of two: on two cores with four or eight ranks each one
+  costs a scheduling slice.
 
 The steps, their barrier targets and what each publishes are exactly those
 of the Python path (``SharedMax.max`` then ``shm_allreduce_on``), so ranks
-that take different paths for the same call still meet; the reduction is
-the same left fold by the same kernels, so results are bitwise the same.
+that take different paths for the same call still meet: the folded step is
+the call's first sync, like the agreement's, and a rank that disagrees (on
+the Python path, say, because its count is larger) reads the same board
+rows after it.  Nobody reads a slot before every row is seen equal, so a
+disagreement leaves every rank's data unread.  The reduction is the same
+left fold by the same kernels, so results are bitwise the same.
 """
 
 import numba
@@ -25,8 +31,9 @@ import numba
 from .._atomics import raise_own, wait_own
 from .._kernels import _max, _max_f16, _min, _min_f16, _prod, _prod_f16, _sum, _sum_f16
 
-__all__ = ["agreement_step", "data_step", "rows_agree", "reduce", "reduce_half", "DONE",
-           "DISAGREE", "HEADERS_DIFFER", "LATE"]
+__all__ = ["data_step", "data_step_half", "agreed_step", "agreed_step_half",
+           "agreed_reduce", "rows_agree", "reduce", "reduce_half", "DONE", "DISAGREE",
+           "HEADERS_DIFFER", "LATE"]
 
 DONE, DISAGREE, HEADERS_DIFFER, LATE = 0, 1, 2, 3
 HEADER_WORDS = 10  # call number + fingerprint
@@ -42,15 +49,12 @@ def _header(headers, rank, number, fingerprint):
 
 
 @_jit
-def post_row(flags, rank, target, board, values, headers, number, fingerprint):
-    """The agreement step's writes, then this rank's counter."""
+def _row(board, rank, values):
     k = values.shape[0]
     for j in range(k):
         board[rank, j] = values[j]
     for j in range(k, board.shape[1]):
         board[rank, j] = 0
-    _header(headers, rank, number, fingerprint)
-    raise_own(flags, rank, target)
 
 
 @_jit
@@ -134,17 +138,6 @@ def reduce_half(headers, rank, size, rows, dst, op):
 # --- each step as one call (a compiled call costs about a microsecond to enter) --------
 
 @_jit
-def agreement_step(flags, rank, size, target, board, values, headers, number, fingerprint):
-    """:func:`post_row`, wait, :func:`rows_agree`: DONE, DISAGREE, or LATE (a
-    rank has not arrived within this rank's wait budget, kept beside its
-    counter: wait in Python, then ask :func:`rows_agree`)."""
-    post_row(flags, rank, target, board, values, headers, number, fingerprint)
-    if wait_own(flags, rank, size, target) >= 0:
-        return LATE
-    return DONE if rows_agree(board, values, size) else DISAGREE
-
-
-@_jit
 def data_step(flags, rank, size, target, rows, src, headers, publish, number, fingerprint,
               checking, dst, op):
     """:func:`post_data`, wait, :func:`reduce`: DONE, HEADERS_DIFFER or LATE."""
@@ -162,3 +155,55 @@ def data_step_half(flags, rank, size, target, rows, src, headers, publish, numbe
     if wait_own(flags, rank, size, target) >= 0:
         return LATE
     return reduce_half(checking, rank, size, rows, dst, op)
+
+
+# --- the agreement and the data in one step ---------------------------------------------------
+
+@_jit
+def post_both(flags, rank, target, board, values, rows, src, headers, number, fingerprint):
+    """The folded step's writes (agreement row, input, header), then this rank's counter."""
+    _row(board, rank, values)
+    for i in range(src.shape[0]):
+        rows[rank, i] = src[i]
+    _header(headers, rank, number, fingerprint)
+    raise_own(flags, rank, target)
+
+
+@_jit
+def agreed_reduce(board, values, headers, rank, size, rows, dst, op):
+    """After the folded step's wait: DISAGREE unless every row is ``values``, else
+    :func:`reduce`."""
+    if not rows_agree(board, values, size):
+        return DISAGREE
+    return reduce(headers, rank, size, rows, dst, op)
+
+
+@_jit
+def agreed_reduce_half(board, values, headers, rank, size, rows, dst, op):
+    """:func:`agreed_reduce` for float16 (uint16 views)."""
+    if not rows_agree(board, values, size):
+        return DISAGREE
+    return reduce_half(headers, rank, size, rows, dst, op)
+
+
+@_jit
+def agreed_step(flags, rank, size, target, board, values, rows, src, headers, number,
+                fingerprint, dst, op):
+    """:func:`post_both`, wait, :func:`agreed_reduce`: DONE, DISAGREE, HEADERS_DIFFER or LATE.
+
+    Must be the call's first step (it publishes the header it then checks).
+    """
+    post_both(flags, rank, target, board, values, rows, src, headers, number, fingerprint)
+    if wait_own(flags, rank, size, target) >= 0:
+        return LATE
+    return agreed_reduce(board, values, headers, rank, size, rows, dst, op)
+
+
+@_jit
+def agreed_step_half(flags, rank, size, target, board, values, rows, src, headers, number,
+                     fingerprint, dst, op):
+    """:func:`agreed_step` for float16 (uint16 views)."""
+    post_both(flags, rank, target, board, values, rows, src, headers, number, fingerprint)
+    if wait_own(flags, rank, size, target) >= 0:
+        return LATE
+    return agreed_reduce_half(board, values, headers, rank, size, rows, dst, op)

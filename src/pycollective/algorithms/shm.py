@@ -211,32 +211,17 @@ _OPS = {"sum": 0, "prod": 1, "max": 2, "min": 3}
 
 
 def shm_agreed(ctx, src, dst, kernel, values, board):
-    """shm with the agreement in the same compiled steps (the registry's ``agreed``).
+    """shm with the agreement in the same compiled step (the registry's ``agreed``).
 
-    Small messages take :mod:`._small`: the agreement and the data step, each
-    one compiled write-sync-check; larger ones run the agreement through the
-    board, then the algorithm.  Either way the steps are the Python path's.
+    Small messages take :func:`_small_agreed`: the agreement row and the
+    data posted together, one synchronisation; larger ones run the agreement
+    through the board, then the algorithm.  Either way the first sync is the
+    agreement's, with the same target, board and header as the Python path's.
     """
     state = _state(ctx)
-    node = state.node
     call = _watch.current()
     if _compiled(state, call, dst, board):
-        group = node.group
-        target, publish, _ = group.compiled_step(call, check=False)
-        rows_board = group.boards[board.parity]
-        board.parity ^= 1
-        verdict = _small.agreement_step(group.barrier.words, group.rank, group.size, target,
-                                        rows_board, values, publish, call.number,
-                                        call.fingerprint_words)
-        if verdict == _small.LATE:
-            group.barrier.wait(target)  # a slow rank: wait on with the deadline
-            verdict = _small.DONE if _small.rows_agree(rows_board, values, group.size) \
-                else _small.DISAGREE
-        if verdict == _small.DISAGREE:
-            np.max(rows_board[:, :values.size], axis=0, out=values)
-            return False
-        _small_data(node, call, src, dst)
-        return True
+        return _small_agreed(state.node, call, src, dst, values, board)
     before = values.tobytes()
     board.max(values)
     if values.tobytes() != before:
@@ -272,6 +257,45 @@ def _small_data(node, call, src, dst):
         verdict = reduce(checking, group.rank, group.size, rows, dst, op)
     if verdict == _small.HEADERS_DIFFER:
         group.check(call, checking)  # raises, naming who is in which call
+
+
+def _small_agreed(node, call, src, dst, values, board):
+    """The agreement and the small path's data in one compiled step; False if ranks disagree.
+
+    The data go into the slot region ``begin`` would give, but the region is
+    taken (``begin``, which alternates them) only once every rank's row is
+    seen equal: after a disagreement, which every rank sees and raises, the
+    communicator stays usable and all ranks must still use the same region
+    next.  Writing the region early is safe: its last readers finished the
+    call before last, since every rank entered the last call's sync.
+    """
+    group = node.group
+    target, publish, checking = group.compiled_step(call, check=True)
+    # The call's header set: published now (the call's first step, as on the
+    # fast path), else earlier in the call and written again alike (auto's
+    # trials, whose call agreed first).
+    headers = next(h for h in (publish, checking, group.header_set()) if h is not None)
+    offset = node.parity * (node.capacity // 2)  # what begin() returns below
+    rows_board = group.boards[board.parity]
+    board.parity ^= 1
+    half = dst.dtype == _F16
+    data_src, data_dst = (src.view(np.uint16), dst.view(np.uint16)) if half else (src, dst)
+    rows = node.rows(offset, dst.size, data_dst.dtype)
+    op = call.fingerprint[3]
+    step = _small.agreed_step_half if half else _small.agreed_step
+    verdict = step(group.barrier.words, group.rank, group.size, target, rows_board, values, rows,
+                   data_src, headers, call.number, call.fingerprint_words, data_dst, op)
+    if verdict == _small.LATE:
+        group.barrier.wait(target)  # a slow rank: wait on with the deadline
+        reduce = _small.agreed_reduce_half if half else _small.agreed_reduce
+        verdict = reduce(rows_board, values, headers, group.rank, group.size, rows, data_dst, op)
+    if verdict == _small.DISAGREE:
+        np.max(rows_board[:, :values.size], axis=0, out=values)
+        return False
+    if verdict == _small.HEADERS_DIFFER:
+        group.check(call, headers)  # raises, naming who is in which call
+    node.begin(dst.nbytes)
+    return True
 
 
 def shm_cost(nranks, count, itemsize, alpha, beta, gamma):
