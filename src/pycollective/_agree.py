@@ -27,7 +27,8 @@ from ._context import Key
 from ._errors import CollectiveMismatch
 from ._shmem import SharedMax, whole_node
 
-__all__ = ["Facts", "agree", "fact_values", "agree_max", "board", "verdict", "MAX_FACTS"]
+__all__ = ["Facts", "agree", "fact_values", "agree_max", "board", "verdict", "needs_agreement",
+           "run_checked", "MAX_FACTS"]
 
 #: ``((label, int value), ...)``: what every rank must share for one call.
 Facts = Sequence[Tuple[str, int]]
@@ -120,3 +121,40 @@ def agree(ctx, what: str, error: Optional[BaseException], facts: Optional[Facts]
     values = fact_values(ctx.rank, error, facts, call.number if call is not None else 0)
     agree_max(ctx, values)
     verdict(ctx, what, error, facts, values)
+
+
+# --- a decided call: the agreement and the algorithm -------------------------------------
+
+def needs_agreement(settings, algo) -> bool:
+    """Whether a call runs the agreement step: always, unless it is off and the
+    algorithm compares every rank's call itself before reading their data.
+
+    A pure function of the call's settings and algorithm, both part of its
+    fingerprint (for ``auto``: a function of the fingerprint and the
+    communicator's agreed parameters), so ranks that make the same call
+    decide alike.
+    """
+    return settings.check or not algo.verifies_arguments
+
+
+def run_checked(ctx, algo, values: Optional[np.ndarray], src, dst, kernel) -> bool:
+    """An allreduce whose shape is decided: the agreement on ``values``, then ``algo``.
+
+    ``values`` None: no agreement (:func:`needs_agreement` said so).  An
+    algorithm with ``agreed`` exchanges the agreement with its data (one
+    synchronisation instead of two); the others run after one MAX.  Returns
+    False if the ranks disagree: nothing ran, and ``values`` holds the MAX
+    for :func:`verdict`.  The repeated call's fast path runs this, and so do
+    auto's timed trials, so that a trial costs what the decided call will.
+    """
+    if values is None:
+        algo.run(ctx, src, dst, kernel)
+        return True
+    if algo.agreed is not None:
+        return algo.agreed(ctx, src, dst, kernel, values, board(ctx))
+    agreed = values.tobytes()
+    agree_max(ctx, values)
+    if values.tobytes() != agreed:
+        return False
+    algo.run(ctx, src, dst, kernel)
+    return True

@@ -45,8 +45,9 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _env, _registry, _watch
-from ._agree import agree_max
+from ._agree import agree_max, fact_values, needs_agreement, run_checked, verdict
 from ._context import Context, Key
+from ._errors import CollectiveMismatch
 from ._ops import OPS
 from ._root import bcast_from_root
 from ._shmem import node_comm
@@ -236,12 +237,27 @@ class AutoState:
             # calls are compared), and not kept either: the class is undecided.
             return _trial(_registry.get(next(iter(tuner.predicted))))
         algo = _registry.get(tuner.next())
-        return _trial(algo, self._timed(key, dtype, tuner, algo.run))
+        return _trial(algo, self._timed(key, dtype, tuner, algo))
 
-    def _timed(self, key, dtype, tuner: Tuner, run):
+    def _timed(self, key, dtype, tuner: Tuner, algo: _registry.Algorithm):
         def trial(ctx, src, dst, kernel):
+            # Time what the decided call will run (the fast path's run_checked):
+            # the agreement with the algorithm, folded into its first sync where
+            # the algorithm can, else one MAX before it.  The call agreed already
+            # (its shape is not decided, so it took the full path): this second
+            # agreement on the call number is redundant, and costs the trials
+            # alike, so that shm's folded agreement is credited.
+            call = _watch.current()
+            values = None
+            if needs_agreement(call.settings, algo):
+                values = fact_values(ctx.rank, None, (), call.number)
             start = time.perf_counter()
-            run(ctx, src, dst, kernel)
+            if not run_checked(ctx, algo, values, src, dst, kernel):
+                verdict(ctx, "allreduce", None, (), values)
+                raise CollectiveMismatch(
+                    f"{call.title()}: the ranks disagree in auto's timed trial of "
+                    f"{algo.name}, after agreeing on the call", collective=call.what,
+                    call=call.number, comm=ctx.label)
             mine = self._times.setdefault(key, [])
             mine.append(time.perf_counter() - start)
             if tuner.ran():

@@ -22,8 +22,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _choose, _registry, _settings, _watch
-from ._agree import Facts, agree, agree_max, verdict
-from ._agree import board as agree_board
+from ._agree import Facts, agree, needs_agreement, run_checked, verdict
 from ._context import Context, comm_settings, get_context
 from ._errors import CollectiveTimeout, ConfigurationError
 
@@ -83,18 +82,6 @@ def _tag_ub(ctx):
     if _TAG_UB is None:
         _TAG_UB = int(ctx.comm.Get_attr(MPI.TAG_UB) or 32767)
     return _TAG_UB
-
-
-def needs_agreement(settings, algo) -> bool:
-    """Whether a call runs the agreement step: always, unless it is off and the
-    algorithm compares every rank's call itself before reading their data.
-
-    A pure function of the call's settings and algorithm, both part of its
-    fingerprint (for ``auto``: a function of the fingerprint and the
-    communicator's agreed parameters), so ranks that make the same call
-    decide alike.
-    """
-    return settings.check or not algo.verifies_arguments
 
 
 def prepare(what: str, comm, local: Callable[[], NamedTuple], timeout, algorithm_of=None):
@@ -205,19 +192,12 @@ def run_remembered(hit) -> None:
     plan, ctx = hit.plan, hit.ctx
     call = enter(ctx, "allreduce", plan.fingerprint, plan.settings, plan.words, plan.tag_offset)
     try:
+        values = None
         if needs_agreement(plan.settings, plan.algo):
             values = plan.template.copy()
             values[0], values[1] = call.number, -call.number
-            if plan.algo.agreed is not None:
-                # the algorithm exchanges the agreement with its data
-                if not run_algorithm(call, plan.algo.agreed, ctx, hit.src, hit.dst, plan.kernel,
-                                     values, agree_board(ctx)):
-                    verdict(ctx, "allreduce", None, plan.facts, values)
-                return
-            agreed = values.tobytes()
-            agree_max(ctx, values)
-            if values.tobytes() != agreed:
-                verdict(ctx, "allreduce", None, plan.facts, values)
-        run_algorithm(call, plan.algo.run, ctx, hit.src, hit.dst, plan.kernel)
+        if not run_algorithm(call, run_checked, ctx, plan.algo, values, hit.src, hit.dst,
+                             plan.kernel):
+            verdict(ctx, "allreduce", None, plan.facts, values)
     finally:
         leave(call)

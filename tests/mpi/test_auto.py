@@ -170,6 +170,36 @@ def test_tuning_decides_the_same_everywhere_within_its_bound_and_every_call_is_r
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("check", [True, False])
+def test_a_trial_times_what_the_decided_call_runs(monkeypatch, check):
+    """Each timed trial runs the agreement and the algorithm the way the
+    repeated call's fast path will (_agree.run_checked): with the check on,
+    every candidate agrees inside the timed span (shm folds it into its data
+    step); with it off, only the algorithms that cannot verify the call."""
+    seen = []
+    real = _auto.run_checked
+
+    def recording(ctx, algo, values, src, dst, kernel):
+        seen.append((algo.name, values is not None, algo.agreed is not None))
+        return real(ctx, algo, values, src, dst, kernel)
+    monkeypatch.setattr(_auto, "run_checked", recording)
+    monkeypatch.setenv("PYCOLLECTIVE_AUTO", "tune")
+    previous = pycollective.set_check(check)
+    comm = MPI.COMM_WORLD.Dup()
+    try:
+        decision, calls, wrong = _settle(comm, 1000)
+    finally:
+        comm.Free()
+        pycollective.set_check(previous)
+    assert wrong == 0 and decision.how == "tuned"
+    assert {name for name, _, _ in seen} >= set(decision.times) and len(seen) == calls
+    for name, agreed, folded in seen:
+        assert agreed == (check or not _registry.get(name).verifies_arguments), (name, check)
+    if check and "shm" in decision.times:
+        assert ("shm", True, True) in seen
+
+
+@pytest.mark.mpi(min_size=2)
 def test_ranks_with_different_clocks_still_run_and_keep_the_same_candidates(monkeypatch):
     # Each rank's own times are noise of its own; only agreed times may decide.
     rank = MPI.COMM_WORLD.Get_rank()

@@ -24,19 +24,24 @@ rank, ``[2^(k-1), 2^k)`` -- a :class:`Tuner`:
 * runs rounds; in each round every candidate still in the race serves one
   call, in the model's order; the round's times are agreed in one small MAX
   reduction at its end;
-* after the second round drops the candidates slower than :data:`PRUNE`
-  times the best so far (their best time against the best time), and stops
-  when one is left or after its rounds: :data:`MIN_ROUNDS` for calls the
-  model predicts to take more than :data:`SHORT_CALL` seconds, up to
-  :data:`MAX_ROUNDS` for shorter ones, whose timings are noisier and whose
-  trials cost almost nothing;
+* ignores the times of the first :data:`WARMUP` round: a candidate's first
+  call builds its state (windows, sub-communicators) and its second may
+  still load compiled code (measured 2026-12-01, 4 ranks on 2 cores, 1000
+  floats: ``shm`` took 7 ms and then 28 ms in its first two trials, 0.1 ms
+  later, and was dropped after two rounds while the fastest by 1.5x);
+* after the second timed round drops the candidates slower than
+  :data:`PRUNE` times the best so far (their best time against the best
+  time), and stops when one is left or after its timed rounds:
+  :data:`MIN_ROUNDS` for calls the model predicts to take more than
+  :data:`SHORT_CALL` seconds, up to :data:`MAX_ROUNDS` for shorter ones,
+  whose timings are noisier and whose trials cost almost nothing;
 * picks the candidate with the smallest lower median of its agreed times
-  (ties: the model's order).  The lower median ignores a first call that
-  built the algorithm's state (windows, sub-communicators) and any one call
-  that another process slowed down.
+  (ties: the model's order).  The lower median ignores any one call that
+  another process slowed down.
 
-So a class costs at most ``MAX_CANDIDATES * MAX_ROUNDS`` = 35 trial calls (15
-for calls longer than 1 ms), every one of them a useful allreduce; what tuning
+So a class costs at most ``MAX_CANDIDATES * (WARMUP + MAX_ROUNDS)`` = 40
+trial calls (20 for calls longer than 1 ms), every one of them a useful
+allreduce; what tuning
 costs is only the time the slower candidates took beyond the winner's, which
 :class:`Decision` reports (``cost``).  Calls of another count of the same
 class, made while a class is being tuned, run the model's first choice and
@@ -52,7 +57,8 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from .params import read_text, write_json
 
-__all__ = ["CANDIDATES", "MAX_CANDIDATES", "TIE", "MIN_ROUNDS", "MAX_ROUNDS", "SHORT_CALL",
+__all__ = ["CANDIDATES", "MAX_CANDIDATES", "TIE", "WARMUP", "MIN_ROUNDS", "MAX_ROUNDS",
+           "SHORT_CALL",
            "PRUNE", "MAX_TRIALS", "candidates", "size_class",
            "class_bounds", "rounds_for", "Tuner", "Decision", "load_decisions",
            "save_decision", "decision_key"]
@@ -60,11 +66,12 @@ __all__ = ["CANDIDATES", "MAX_CANDIDATES", "TIE", "MIN_ROUNDS", "MAX_ROUNDS", "S
 CANDIDATES = 3
 MAX_CANDIDATES = 5
 TIE = 1.25
+WARMUP = 1
 MIN_ROUNDS = 3
 MAX_ROUNDS = 7
 SHORT_CALL = 1e-3
 PRUNE = 1.5
-MAX_TRIALS = MAX_CANDIDATES * MAX_ROUNDS  # trial calls of one class, at most
+MAX_TRIALS = MAX_CANDIDATES * (WARMUP + MAX_ROUNDS)  # trial calls of one class, at most
 
 
 def candidates(ranking: Sequence[Tuple[str, float]], count: int = CANDIDATES,
@@ -155,7 +162,8 @@ class Tuner:
     Args:
         ranking: ``[(name, predicted seconds)]`` fastest first (the model's).
         count: the element count the trials run at.
-        rounds: rounds of trials (default :func:`rounds_for` the best prediction).
+        rounds: timed rounds, after the :data:`WARMUP` one (default :func:`rounds_for` the
+            best prediction).
         always: names timed whenever the model ranks them (see :func:`candidates`).
     """
 
@@ -195,15 +203,17 @@ class Tuner:
         """
         if len(agreed) != len(self.alive):
             raise ValueError(f"expected {len(self.alive)} times, got {len(agreed)}")
-        for name, t in zip(self.alive, agreed):
-            self.samples[name].append(float(t))
-            self.spent += float(t)
         self.round += 1
         self.position = 0
-        if self.round >= 2 and len(self.alive) > 1:
+        for name, t in zip(self.alive, agreed):
+            self.spent += float(t)
+            if self.round > WARMUP:
+                self.samples[name].append(float(t))
+        timed = self.round - WARMUP
+        if timed >= 2 and len(self.alive) > 1:
             best = min(min(self.samples[n]) for n in self.alive)
             self.alive = [n for n in self.alive if min(self.samples[n]) <= PRUNE * best]
-        if self.round >= self.rounds or len(self.alive) == 1:
+        if timed >= self.rounds or (timed >= 1 and len(self.alive) == 1):
             order = {name: i for i, name in enumerate(self.predicted)}
             stats = {n: _lower_median(self.samples[n]) for n in self.predicted if self.samples[n]}
             winner = min(self.alive, key=lambda n: (stats[n], order[n]))
