@@ -7,9 +7,11 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
+from pycollective import _cma
 from pycollective._atomics import CAN_SLEEP
+from pycollective._context import get_context
 from pycollective._errors import ConfigurationError
-from pycollective._shmem import NodeGroup, wait_modes
+from pycollective._shmem import NodeGroup, wait_modes, whole_node
 
 WAITS = [False, True] if CAN_SLEEP else [False]
 
@@ -109,3 +111,45 @@ def test_the_wait_setting_is_checked_on_every_rank(monkeypatch):
         assert wait_modes(comm) == (True, True)  # more ranks than the machine has CPUs
     elif comm.Get_size() <= cpus:
         assert wait_modes(comm) == (False, False)  # every rank may have a CPU of its own
+
+
+@pytest.mark.mpi(min_size=2)
+def test_cross_memory_reads_and_writes_only_inside_what_a_peer_published():
+    """shm's single copy reads the others' inputs and writes their outputs by
+    address (_cma.CrossMemory); an access outside what the owner published is
+    refused before it reaches the kernel."""
+    comm = MPI.COMM_WORLD.Dup()
+    cross = None
+    try:
+        group = whole_node(get_context(comm))  # the same answer on every rank
+        if group is None or not _cma.available():
+            pytest.skip("no cross-memory attach here")
+        cross = _cma.CrossMemory(group)
+        if not cross.probe():
+            pytest.skip("cross-memory attach is not permitted between these ranks")
+        r, n = group.rank, group.size
+        right, left = (r + 1) % n, (r - 1) % n
+        src = np.arange(8, dtype=np.int64) + 100 * r
+        dst = np.zeros(8, np.int64)
+        cross.publish(src, dst)
+        group.sync()
+        got = np.empty(3, np.int64)
+        cross.read(right, cross.SRC, 2 * 8, got)
+        cross.write(right, cross.DST, 5 * 8, np.array([7, 8, 9], np.int64) + r)
+        refused = []
+        for access in (lambda: cross.read(right, cross.SRC, 6 * 8, got),
+                       lambda: cross.write(right, cross.DST, -8, got),
+                       lambda: cross.write(right, cross.DST, 0, np.zeros(9, np.int64))):
+            try:
+                access()
+            except ValueError as exc:
+                refused.append("refusing" in str(exc))
+        group.sync()  # every write is done, and nobody reads `src` any more
+    finally:
+        if cross is not None:
+            cross.free()
+        comm.Free()
+    assert got.tolist() == [100 * right + 2, 100 * right + 3, 100 * right + 4]
+    assert dst.tolist() == [0] * 5 + [7 + left, 8 + left, 9 + left]
+    assert src.tolist() == list(range(100 * r, 100 * r + 8))
+    assert refused == [True, True, True]
