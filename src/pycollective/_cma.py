@@ -1,11 +1,9 @@
-"""Reading and writing another rank's private memory by address: Linux cross-memory attach.
+"""Reading another rank's private memory by address: Linux cross-memory attach.
 
 ``process_vm_readv`` copies straight from a peer process's buffer into ours,
 so a shared-memory algorithm can read the others' inputs where they are
 instead of staging them in a shared window first: the data cross memory
-once.  ``process_vm_writev`` is the other direction: a rank hands the
-slice it reduced straight to the others' outputs while it is in its cache.
-It needs Linux, the same user and ptrace permission between the
+once.  It needs Linux, the same user and ptrace permission between the
 ranks; :meth:`CrossMemory.probe` finds out collectively, so all ranks take
 the same path.
 """
@@ -23,9 +21,9 @@ class _IoVec(ctypes.Structure):
     _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
 
 
-def _load(name):
+def _load_readv():
     try:
-        fn = getattr(ctypes.CDLL(None, use_errno=True), name)
+        fn = ctypes.CDLL(None, use_errno=True).process_vm_readv
     except (OSError, AttributeError):
         return None
     fn.restype = ctypes.c_ssize_t
@@ -34,24 +32,21 @@ def _load(name):
     return fn
 
 
-_readv = _load("process_vm_readv")
-_writev = _load("process_vm_writev")
+_readv = _load_readv()
 
 
 def available():
-    """True if this system has ``process_vm_readv`` and ``process_vm_writev`` at all (not
-    whether peers allow them)."""
-    return _readv is not None and _writev is not None
+    """True if this system has ``process_vm_readv`` at all (not whether peers allow it)."""
+    return _readv is not None
 
 
 class CrossMemory:
-    """Reads and writes of another rank's private memory by address (``process_vm_readv``,
-    ``process_vm_writev``).
+    """Reads of another rank's private memory by address (``process_vm_readv``).
 
     Ranks publish their buffers' addresses and sizes in their headers of a
     :class:`~pycollective._shmem.NodeGroup`; a reader copies straight from
     the owner's array, so no rank has to stage its input in shared memory
-    first.  A read or write is refused unless it lies inside the size the owner
+    first.  A read is refused unless it lies inside the size the owner
     published, so ranks that disagree on the size can never read past the
     end of a peer's buffer.  Usable only where the system allows it (Linux,
     same user, ptrace permitted); :meth:`probe` finds out collectively, so
@@ -81,33 +76,21 @@ class CrossMemory:
             ValueError: the range is not inside what rank q published.
             OSError: the kernel refused the read (e.g. rank q died).
         """
-        self._transfer(_readv, "process_vm_readv from", q, which, offset, out)
-
-    def write(self, q, which, offset, data):
-        """Copy ``data`` into rank q's published buffer at byte ``offset``.
-
-        Only into a buffer rank q has handed over for this call (its ``dst``,
-        between the call's first sync and the sync after the writes), and only
-        where no other rank writes.  Raises as :meth:`read`.
-        """
-        self._transfer(_writev, "process_vm_writev to", q, which, offset, data)
-
-    def _transfer(self, fn, what, q, which, offset, mine):
         header = self.headers[q]
-        total = mine.nbytes
+        total = out.nbytes
         if offset < 0 or offset + total > int(header[3]):
-            raise ValueError(f"refusing to access bytes [{offset}, {offset + total}) of node "
+            raise ValueError(f"refusing to read bytes [{offset}, {offset + total}) of node "
                              f"rank {q}'s buffer, which has {int(header[3])} bytes")
         address = int(header[which]) + offset
-        done, base = 0, mine.ctypes.data
+        done, base = 0, out.ctypes.data
         local, remote = self._local, self._remote
-        while done < total:  # the kernel may copy less than asked: go on from there
+        while done < total:
             local.base, local.len = base + done, total - done
             remote.base, remote.len = address + done, total - done
-            got = fn(self.pids[q], ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+            got = _readv(self.pids[q], ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
             if got <= 0:
                 err = ctypes.get_errno()
-                raise OSError(err, f"{what} node rank {q} (pid {self.pids[q]}): "
+                raise OSError(err, f"process_vm_readv from node rank {q} (pid {self.pids[q]}): "
                                    f"{os.strerror(err)}")
             done += got
 
@@ -117,7 +100,7 @@ class CrossMemory:
         return self._tmp
 
     def probe(self):
-        """True on every rank iff every rank can read and write its right neighbour's memory."""
+        """True on every rank iff every rank can read its right neighbour's memory."""
         mark = np.array([0x5EED0000 + self.rank], np.int64)
         self.publish(mark, mark)
         self.group.sync()
@@ -126,13 +109,9 @@ class CrossMemory:
         try:
             self.read(right, self.SRC, 0, got)
             ok = int(got[0]) == 0x5EED0000 + right
-            if ok:  # the left neighbour, alone, reads this rank's mark before it writes it
-                self.write(right, self.DST, 0, got + 1)
         except (OSError, ValueError):
             ok = False
-        ok = self.group.all_ok(ok)  # every read and write is done
-        ok = self.group.all_ok(ok and int(mark[0]) == 0x5EED0000 + self.rank + 1)
-        return ok  # `mark` stayed alive until every rank had written it
+        return self.group.all_ok(ok)  # also keeps `mark` alive until every rank has read
 
     def free(self):
         self.headers = None

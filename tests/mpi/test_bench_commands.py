@@ -119,10 +119,7 @@ def test_breakdown():
         assert len({r["path"] for r in mine if r["path"] != "call" and r["used"]}) == 1
         for path in paths:
             phases = [r for r in mine if r["path"] == path]
-            # the window: copy-in, 2 syncs, reduce, copy-out, trailing sync; the single
-            # copy: publish + sync, reads, kernel, writes, sync
-            assert len(phases) == {"window": 6, "single-copy": 5}[path]
-            assert all(r["wrong"] == 0 for r in phases)
+            assert len(phases) == 6 and all(r["wrong"] == 0 for r in phases)
             assert sum(r["share"] for r in phases) == pytest.approx(1.0)
     used = {r["count"]: r["path"] for r in rows if r["path"] != "call" and r["used"]}
     assert used[2000] == "window"

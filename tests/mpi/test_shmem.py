@@ -114,10 +114,9 @@ def test_the_wait_setting_is_checked_on_every_rank(monkeypatch):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_cross_memory_reads_and_writes_only_inside_what_a_peer_published():
-    """shm's single copy reads the others' inputs and writes their outputs by
-    address (_cma.CrossMemory); an access outside what the owner published is
-    refused before it reaches the kernel."""
+def test_cross_memory_reads_only_inside_what_a_peer_published():
+    """shm's single copy reads the others' buffers by address (_cma.CrossMemory);
+    a read outside what the owner published is refused before it reaches the kernel."""
     comm = MPI.COMM_WORLD.Dup()
     cross = None
     try:
@@ -128,28 +127,23 @@ def test_cross_memory_reads_and_writes_only_inside_what_a_peer_published():
         if not cross.probe():
             pytest.skip("cross-memory attach is not permitted between these ranks")
         r, n = group.rank, group.size
-        right, left = (r + 1) % n, (r - 1) % n
+        right = (r + 1) % n
         src = np.arange(8, dtype=np.int64) + 100 * r
         dst = np.zeros(8, np.int64)
         cross.publish(src, dst)
         group.sync()
         got = np.empty(3, np.int64)
         cross.read(right, cross.SRC, 2 * 8, got)
-        cross.write(right, cross.DST, 5 * 8, np.array([7, 8, 9], np.int64) + r)
         refused = []
-        for access in (lambda: cross.read(right, cross.SRC, 6 * 8, got),
-                       lambda: cross.write(right, cross.DST, -8, got),
-                       lambda: cross.write(right, cross.DST, 0, np.zeros(9, np.int64))):
+        for offset, out in ((6 * 8, got), (-8, got), (0, np.zeros(9, np.int64))):
             try:
-                access()
+                cross.read(right, cross.DST, offset, out)
             except ValueError as exc:
                 refused.append("refusing" in str(exc))
-        group.sync()  # every write is done, and nobody reads `src` any more
+        group.sync()  # nobody reads `src` any more
     finally:
         if cross is not None:
             cross.free()
         comm.Free()
     assert got.tolist() == [100 * right + 2, 100 * right + 3, 100 * right + 4]
-    assert dst.tolist() == [0] * 5 + [7 + left, 8 + left, 9 + left]
-    assert src.tolist() == list(range(100 * r, 100 * r + 8))
     assert refused == [True, True, True]

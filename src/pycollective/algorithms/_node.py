@@ -91,7 +91,7 @@ def on_one_node(ctx):
     return ctx.cached(_STATE, NodeState).error
 
 
-def cross_reduce(cross, src, out, lo, hi, kernel, block_bytes=None, done=None):
+def cross_reduce(cross, src, out, lo, hi, kernel, block_bytes=None):
     """``out = x_0[lo:hi] op ... op x_{N-1}[lo:hi]``, the peers' operands read where they are.
 
     Each peer's block is read (``process_vm_readv`` of its published
@@ -106,8 +106,6 @@ def cross_reduce(cross, src, out, lo, hi, kernel, block_bytes=None, done=None):
         out: ``hi - lo`` elements; may alias ``src[lo:hi]`` (in place).
         kernel: the reduction; operands are folded in rank order 0..N-1.
         block_bytes: bytes per operand and block (default ``CROSS_BLOCK_BYTES``).
-        done: called as ``done(b, block)`` after each block of the result,
-            ``block = out[b - lo:e - lo]``, while it is still in cache.
     """
     n, r = cross.size, cross.rank
     if hi <= lo:
@@ -136,8 +134,6 @@ def cross_reduce(cross, src, out, lo, hi, kernel, block_bytes=None, done=None):
                 first = x  # its buffer is reused from q = 2 on, after the first pass
             else:
                 kernel(first if q == 1 else target, x, target)
-        if done is not None:
-            done(b, target)
 
 
 def reduce_range(state, src, out, lo, hi, kernel, peers):

@@ -12,19 +12,13 @@ allows it): each rank publishes the addresses and size of its ``src`` and
 slice i of every other rank's ``src`` with ``process_vm_readv`` (Linux
 cross-memory attach), block by block and peer by peer, each block just
 before the kernel folds it into ``dst`` so that the kernel reads it back
-from cache (:func:`~pycollective.algorithms._node.cross_reduce`), and
-writes each finished block into every other rank's ``dst`` with
-``process_vm_writev`` while it is still in cache; sync.  After that sync
-every ``dst`` holds the whole result and no rank touches another's memory,
-so everyone returns: two syncs, where reading the result back from the
-owners (as the window path does) needs a third to keep each ``dst`` alive
-until the others have read it, and a third pass over the result.  In place,
-rank i writes slice i of rank q's buffer only after it has read slice i of
-it, and no other rank reads or writes slice i of it.  Nothing is staged
-through shared memory and the caller's buffers are used where they are.
-Whether the system allows it is probed once per communicator and agreed by
-all ranks; ``PYCOLLECTIVE_SHM_CMA=0`` turns it off.  The shared segments,
-the barrier and the cross-memory reader live in
+from cache (:func:`~pycollective.algorithms._node.cross_reduce`); sync; rank i reads
+slice q of rank q's ``dst`` straight into its own ``dst`` for every q != i;
+sync (nobody returns, and lets its ``dst`` change, while others read it).
+Nothing is staged through shared memory and the caller's buffers are read
+where they are.  Whether the system allows it is probed once per
+communicator and agreed by all ranks; ``PYCOLLECTIVE_SHM_CMA=0`` turns it off.
+The shared segments, the barrier and the cross-memory reader live in
 ``_shmem.py`` and ``_cma.py``; this module is the algorithm.
 
 Shared slots (smaller messages, or no cross-memory reads): each rank owns a
@@ -136,22 +130,20 @@ def shm_allreduce_on(node, src, dst, kernel):
 # --- single copy through the kernel (Linux cross-memory attach) ---------------
 
 def cma_allreduce_on(cross, src, dst, kernel):
-    """Single-copy variant: the reduce reads the others' ``src`` and writes their ``dst``."""
+    """Single-copy variant: the reduce reads the others' ``src``, the copy-out their ``dst``."""
     n, r = cross.size, cross.rank
     bounds = chunk_bounds(dst.size, n)
     itemsize = dst.itemsize
     cross.publish(src, dst)
-    cross.group.sync()  # the call's first: every header checked before any read or write
+    cross.group.sync()  # the call's first: every header checked before any read
     lo, hi = bounds[r], bounds[r + 1]
-    # Peers in turn from the next rank on, so that the ranks' first writes go
-    # to different processes.
-    peers = [(r + k) % n for k in range(1, n)]
-
-    def hand_out(b, block):
-        for q in peers:
-            cross.write(q, cross.DST, b * itemsize, block)
-    cross_reduce(cross, src, dst[lo:hi], lo, hi, kernel, done=hand_out)
-    cross.group.sync()  # every slice is in every dst, and nobody touches another's memory
+    cross_reduce(cross, src, dst[lo:hi], lo, hi, kernel)
+    cross.group.sync()
+    for q in range(n):
+        qlo, qhi = bounds[q], bounds[q + 1]
+        if q != r and qhi > qlo:
+            cross.read(q, cross.DST, qlo * itemsize, dst[qlo:qhi])
+    cross.group.sync()  # nobody returns (and lets its dst change) while others read it
 
 
 class _ShmState:
@@ -282,9 +274,7 @@ def _small_agreed(node, call, src, dst, values, board):
     # The call's header set: published now (the call's first step, as on the
     # fast path), else earlier in the call and written again alike (auto's
     # trials, whose call agreed first).
-    headers = publish if publish is not None else checking
-    if headers is None:
-        headers = group.header_set()
+    headers = next(h for h in (publish, checking, group.header_set()) if h is not None)
     offset = node.parity * (node.capacity // 2)  # what begin() returns below
     rows_board = group.boards[board.parity]
     board.parity ^= 1

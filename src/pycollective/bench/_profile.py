@@ -228,9 +228,8 @@ def _single_copy_path(cross, src, dst, kernel):
     cross.group.sync()
     t1 = time.perf_counter()
     lo, hi = bounds[r], bounds[r + 1]
-    reducing = writing = 0.0
-    peers = [(r + k) % n for k in range(1, n)]
-    for b in range(lo, hi, block):  # as shm's cma_allreduce_on, with clocks around each part
+    reducing = 0.0
+    for b in range(lo, hi, block):  # as _node.cross_reduce, with a clock around the kernel
         e = min(b + block, hi)
         target = dst[b:e]
         for q in range(n):
@@ -245,18 +244,21 @@ def _single_copy_path(cross, src, dst, kernel):
             k = time.perf_counter()
             kernel(first if q == 1 else target, x, target)
             reducing += time.perf_counter() - k
-        k = time.perf_counter()
-        for q in peers:
-            cross.write(q, cross.DST, b * itemsize, target)
-        writing += time.perf_counter() - k
     t2 = time.perf_counter()
     cross.group.sync()
     t3 = time.perf_counter()
-    return [t1 - t0, t2 - t1 - reducing - writing, reducing, writing, t3 - t2]
+    for q in range(n):
+        qlo, qhi = bounds[q], bounds[q + 1]
+        if q != r and qhi > qlo:
+            cross.read(q, cross.DST, qlo * itemsize, dst[qlo:qhi])
+    t4 = time.perf_counter()
+    cross.group.sync()
+    t5 = time.perf_counter()
+    return [t1 - t0, t2 - t1 - reducing, reducing, t3 - t2, t4 - t3, t5 - t4]
 
 
-_SINGLE = ["publish addresses + sync", "reduce: process_vm_readv", "reduce: kernel",
-           "hand out: process_vm_writev", "sync"]
+_SINGLE = ["publish addresses + sync", "reduce: process_vm_readv", "reduce: kernel", "sync",
+           "copy-out process_vm_readv", "sync"]
 
 
 def _replay(comm, run, target, reps, src, dst, expected, kernel):
