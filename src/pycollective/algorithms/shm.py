@@ -76,6 +76,7 @@ node a transfer *is* a memory copy), and the reduction of f·M·s bytes at γ:
 (2 + [M·s > limit])·⌈log2 N⌉·α + 2·f·M·s·β + f·M·s·γ.
 """
 
+import functools
 import math
 
 import numpy as np
@@ -87,6 +88,7 @@ from .._partition import chunk_bounds
 from .._registry import register
 from .._shmem import (
     DOUBLE_LIMIT,
+    FP_WORDS,
     SharedSlots,
     copy_in,
     copy_out,
@@ -94,7 +96,7 @@ from .._shmem import (
     reduce_own_slice,
     whole_node,
 )
-from . import _small
+from . import _mid, _small
 from ._node import cross_reduce
 
 _REPLICATE_BYTES = 4 << 10    # up to this, every rank reduces the whole vector
@@ -200,6 +202,8 @@ def shm_allreduce(ctx, src, dst, kernel):
         cma_allreduce_on(state.cross, src, dst, kernel)
     elif _compiled(state, _watch.current(), dst):
         _small_data(state.node, _watch.current(), src, dst)
+    elif _mid_compiled(state.node, _watch.current(), dst):
+        _mid_data(state.node, _watch.current(), src, dst)
     else:
         shm_allreduce_on(state.node, src, dst, kernel)
 
@@ -296,6 +300,109 @@ def _small_agreed(node, call, src, dst, values, board):
         group.check(call, headers)  # raises, naming who is in which call
     node.begin(dst.nbytes)
     return True
+
+
+# --- the sliced path (4 KiB - 1 MiB, two alternating regions) in compiled code -----------
+
+def _mid_compiled(node, call, dst):
+    """Whether :mod:`._mid` runs this call: a sliced two-region size whose slots are big
+    enough already (else the Python path grows them, collectively) and a compiled dtype."""
+    nbytes = dst.nbytes
+    return (call is not None and _REPLICATE_BYTES < nbytes <= DOUBLE_LIMIT
+            and node.capacity >= 2 * nbytes and dst.dtype in _COMPILED)
+
+
+def _mid_data(node, call, src, dst):
+    """The sliced path's steps in compiled code, with :meth:`NodeGroup.compiled_step`'s
+    targets and header sets (one per sync, as the Python path's two syncs)."""
+    group = node.group
+    first, publish, checking = group.compiled_step(call, check=True)
+    second, _, _ = group.compiled_step(call, check=True)
+    offset, _ = node.begin(dst.nbytes)
+    args = _mid_args(node, call, offset, src, dst, publish, checking)
+    verdict, phase = _mid.step(group.barrier.words, group.rank, group.size, 0, first, second,
+                               *args)
+    _mid_resume(group, call, verdict, phase, first, second, args, checking)
+
+
+def _mid_args(node, call, offset, src, dst, publish, checking):
+    """:func:`._mid.step`'s arguments after the targets: slots, buffers, headers, op."""
+    half = dst.dtype == _F16
+    if half:
+        src, dst = src.view(np.uint16), dst.view(np.uint16)
+    flat = node.views.get(("flat", dst.dtype))
+    if flat is None:
+        # With the slots' typed views: dropped when the slots grow or are freed.
+        flat = node.views[("flat", dst.dtype)] = node.segment.bytes().view(dst.dtype)
+    itemsize = dst.itemsize
+    return (flat, node.capacity // itemsize, offset // itemsize, src, dst,
+            _slice_bounds(dst.size, node.size),
+            _NO_HEADERS if publish is None else publish, call.number, call.fingerprint_words,
+            _NO_HEADERS if checking is None else checking,
+            call.fingerprint[3] + (_mid.HALF if half else 0))
+
+
+def _mid_resume(group, call, verdict, phase, first, second, args, checking):
+    """After a compiled step: wait on (with the deadline) and resume; raise on a mismatch."""
+    while verdict == _mid.LATE:
+        group.barrier.wait(first if phase == 1 else second)  # a slow rank
+        verdict, phase = _mid.step(group.barrier.words, group.rank, group.size, phase, first,
+                                   second, *args)
+    if verdict == _mid.HEADERS_DIFFER:
+        group.check(call, checking)  # raises, naming who is in which call
+
+
+def mid_agreed(state, call, src, dst, values, board):
+    """:func:`shm_agreed` for the sliced two-region sizes: the agreement row is
+    posted with the copy-in (:func:`._mid.agreed_step`), one sync instead of two.
+
+    Returns None where it does not apply (the caller goes on as before), else
+    what ``shm_agreed`` returns: False with ``values`` the MAX over the ranks
+    when they disagree, True once the allreduce is done.  Ranks that make
+    the same call decide alike, and ranks that disagree meet at the first
+    target whichever of the small, this or the Python agreement they take.
+    """
+    node = state.node
+    if (state.error is not None or not _mid_compiled(node, call, dst)
+            or getattr(board, "group", None) is not node.group):
+        return None
+    group = node.group
+    first, publish, checking = group.compiled_step(call, check=True)
+    second, _, _ = group.compiled_step(call, check=True)
+    rows = group.boards[board.parity]
+    board.parity ^= 1
+    # The region node.begin will hand out; it takes it (flips the parity)
+    # only once the ranks are known to agree, so that after a disagreement
+    # (a ValueError on every rank, the communicator still usable) every rank
+    # still agrees on the parity.
+    offset = node.parity * (node.capacity // 2)
+    args = _mid_args(node, call, offset, src, dst, publish, checking)
+    words = group.barrier.words
+    verdict, phase = _mid.agreed_step(words, group.rank, group.size, first, second, rows, values,
+                                      *args)
+    late = verdict == _mid.LATE and phase == 1  # before the rows were compared
+    if late:
+        group.barrier.wait(first)  # a slow rank: wait on with the deadline
+        if not _small.rows_agree(rows, values, group.size):
+            verdict = _mid.DISAGREE
+    if verdict == _mid.DISAGREE:
+        np.max(rows[:, :values.size], axis=0, out=values)
+        return False
+    node.begin(dst.nbytes)  # the call proceeds: its region is taken
+    if late:
+        verdict, phase = _mid.step(words, group.rank, group.size, 1, first, second, *args)
+    _mid_resume(group, call, verdict, phase, first, second, args, checking)
+    return True
+
+
+_NO_HEADERS = np.zeros((0, FP_WORDS), np.int64)  # no header set to write or compare
+
+
+@functools.lru_cache(maxsize=64)
+def _slice_bounds(count, size):
+    bounds = np.array(chunk_bounds(count, size), np.int64)
+    bounds.flags.writeable = False
+    return bounds
 
 
 def shm_cost(nranks, count, itemsize, alpha, beta, gamma):

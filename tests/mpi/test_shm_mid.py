@@ -1,0 +1,322 @@
+""""shm" between 4 KiB and 1 MiB: the sliced two-region path as compiled code (algorithms/_mid.py).
+
+* every compiled dtype and op, in place and out of place, at sizes just
+  above the small path, primes, and multiples of N (-1, 0, +1) up to 1 MiB:
+  per-rank per-index exact data bitwise right, the send buffer untouched,
+  and the compiled path really taken;
+* rounding data bitwise the same as the Python path and MPI's result within
+  its rounding bound;
+* ranks with different counts: with the agreement off every rank raises
+  before any rank writes its ``dst``; with it on a ValueError everywhere and
+  the communicator still right afterwards (the slots' parity agreed);
+* every compiled wait handed back to Python at once (a zero wait budget),
+  so the steps resume from phases 1 and 2, and a rank later than the timeout;
+* the same for the agreement folded into the first step (``shm.mid_agreed``,
+  put in the registry's ``agreed`` for these tests only).
+"""
+
+import dataclasses
+import re
+import time
+from contextlib import contextmanager, nullcontext
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import pycollective
+from pycollective import _env as _env_settings
+from pycollective import _registry, _watch
+from pycollective._atomics import set_budget
+from pycollective._context import get_context
+from pycollective._errors import CollectiveError, CollectiveMismatch, CollectiveTimeout, PeerFailed
+from pycollective._shmem import DOUBLE_LIMIT
+from pycollective.algorithms import _mid, shm
+from _data import (MPI_OPS, bitwise_equal, check_allreduce, env, exact_reduce, exact_values,
+                   random_values, rounding_bound)
+
+OPS = ["sum", "prod", "max", "min"]
+DTYPES = sorted(str(d) for d in shm._COMPILED)
+SMALL = 4 << 10  # the small path's limit (shm._REPLICATE_BYTES)
+
+
+def _counts(nranks, itemsize):
+    """Just above the small path, a prime, and multiples of N (-1, 0, +1) up to 1 MiB."""
+    top = DOUBLE_LIMIT // itemsize
+    m = top // nranks - 1
+    return [SMALL // itemsize + 1, 20011, m * nranks - 1, m * nranks, m * nranks + 1, top]
+
+
+@contextmanager
+def _counting(name):
+    """Count the calls of ``shm.<name>`` (and still make them)."""
+    hits = [0]
+    original = getattr(shm, name)
+
+    def counted(*args):
+        hits[0] += 1
+        return original(*args)
+    setattr(shm, name, counted)
+    try:
+        yield hits
+    finally:
+        setattr(shm, name, original)
+
+
+@contextmanager
+def _python_path():
+    """Every mid-size "shm" call through the Python steps."""
+    original = shm._mid_compiled
+    shm._mid_compiled = lambda node, call, dst: False
+    try:
+        yield
+    finally:
+        shm._mid_compiled = original
+
+
+@contextmanager
+def _agreed_in_registry():
+    """"shm"'s ``agreed`` tries :func:`shm.mid_agreed` first (on communicators made inside)."""
+    table = _registry._ALGORITHMS["allreduce"]
+    algo = table["shm"]
+
+    def agreed(ctx, src, dst, kernel, values, board):
+        done = shm.mid_agreed(shm._state(ctx), _watch.current(), src, dst, values, board)
+        return algo.agreed(ctx, src, dst, kernel, values, board) if done is None else done
+    table["shm"] = dataclasses.replace(algo, agreed=agreed)
+    try:
+        yield
+    finally:
+        table["shm"] = algo
+
+
+def _fresh(world=MPI.COMM_WORLD):
+    """A new communicator with the single-copy path off (nothing here is above 1 MiB)."""
+    with env(_env_settings.SHM_CMA.name, "0"):
+        comm = world.Dup()
+        pycollective.allreduce(np.zeros(1), np.empty(1), comm=comm, algorithm="shm")
+    return comm
+
+
+def _free(comm):
+    """Free ``comm`` after reading the notices a failed call left on its side channel: MPI
+    may hand a freed communicator's unread messages to the next one made (same context id)."""
+    comm.Barrier()
+    private, status = get_context(comm).comm, MPI.Status()
+    while private.Iprobe(MPI.ANY_SOURCE, _watch.TAG_NOTICE, status):
+        private.recv(source=status.Get_source(), tag=_watch.TAG_NOTICE)
+    comm.Barrier()
+    comm.Free()
+
+
+def _grow(comm):
+    """Slots big enough for every mid size (growing is the Python path's)."""
+    x = np.zeros(DOUBLE_LIMIT // 8, np.float64)
+    pycollective.allreduce(x, np.empty_like(x), comm=comm, algorithm="shm")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_every_compiled_dtype_and_op_exact(layouts):
+    failures, taken, expected_calls = [], 0, 0
+    for label, world_comm in layouts:
+        if world_comm.Get_size() == 1:
+            continue
+        comm = _fresh(world_comm)
+        try:
+            _grow(comm)
+            with _counting("_mid_data") as hits:
+                for dtype in DTYPES:
+                    for i, count in enumerate(_counts(comm.Get_size(), np.dtype(dtype).itemsize)):
+                        # every op at the first two counts, one op each near 1 MiB
+                        for op in (OPS if i < 2 else [OPS[i % 4]]):
+                            check_allreduce(comm, "shm", dtype, op, count, failures, label)
+                            expected_calls += 2  # out of place and in place
+            taken += hits[0]
+        finally:
+            _free(comm)
+    assert not failures, f"{len(failures)} failures: " + "; ".join(failures[:5])
+    assert taken == expected_calls, (taken, expected_calls)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("op", OPS)
+def test_rounding_same_bits_as_the_python_path(dtype, op):
+    comm = _fresh()
+    n, r = comm.Get_size(), comm.Get_rank()
+    try:
+        _grow(comm)
+        for count in (SMALL // np.dtype(dtype).itemsize + 1, 30_011, 131_071):
+            send = random_values(r, count, dtype, op)
+            original = send.copy()
+            compiled, python = np.empty_like(send), np.empty_like(send)
+            with _counting("_mid_data") as hits:
+                pycollective.allreduce(send, compiled, op, comm=comm, algorithm="shm")
+            assert hits[0] == 1
+            with _python_path():
+                pycollective.allreduce(send, python, op, comm=comm, algorithm="shm")
+            assert bitwise_equal(compiled, python), (count, np.count_nonzero(compiled != python))
+            assert bitwise_equal(send, original)
+            native = np.empty_like(send)
+            if dtype != "float16":  # MPI has no float16 sum: the bound below covers ours
+                comm.Allreduce(send, native, MPI_OPS[op])
+            everyone = [random_values(q, count, dtype, op) for q in range(n)]
+            if op in ("max", "min"):  # exact in any order: MPI's bits too
+                assert bitwise_equal(compiled, getattr(np, op)(np.stack(everyone), axis=0))
+                if dtype != "float16":
+                    assert bitwise_equal(compiled, native)
+                continue
+            exact, bound = rounding_bound(everyone, op, dtype)
+            # each result, ours and MPI's, within the bound of the exact one
+            assert np.all(np.abs(compiled.astype(np.float64) - exact) <= bound)
+            if dtype != "float16":
+                assert np.all(np.abs(native.astype(np.float64) - exact) <= bound)
+    finally:
+        _free(comm)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("others", [10_001, 1000], ids=["mid", "small"])
+def test_different_counts_without_agreement_raise_before_dst_is_written(others):
+    """Rank 0 in a mid-size call, the others in another mid-size or a small one."""
+    comm = _fresh()
+    previous = pycollective.set_check(False)
+    try:
+        _grow(comm)
+        count = 10_000 if comm.Get_rank() == 0 else others
+        send = exact_values(comm.Get_rank(), count, "float32", "sum")
+        out = np.full_like(send, 99)
+        with pytest.raises((CollectiveMismatch, PeerFailed), match="disagree|failed"):
+            pycollective.allreduce(send, out, comm=comm, algorithm="shm")
+        assert np.all(out == 99)
+    finally:
+        pycollective.set_check(previous)
+        _free(comm)
+
+
+def _disagree_then_agree(comm, shapes):
+    """Remember both shapes on every rank, make ranks call different ones, then the same."""
+    n, r = comm.Get_size(), comm.Get_rank()
+
+    def call(count, step):
+        send = exact_values((r + step) % n, count, "int32", "sum")
+        out = np.empty_like(send)
+        pycollective.allreduce(send, out, comm=comm, algorithm="shm")
+        expected = exact_reduce([exact_values((q + step) % n, count, "int32", "sum")
+                                 for q in range(n)], "sum", "int32")
+        assert bitwise_equal(out, expected), (count, step)
+
+    for count in shapes:
+        call(count, 0)
+        call(count, 1)
+    for step in range(3):
+        mine = shapes[0] if r == 0 else shapes[1]
+        send = np.zeros(mine, np.int32)
+        with pytest.raises(ValueError, match="ranks disagree on count") as info:
+            pycollective.allreduce(send, np.empty_like(send), comm=comm, algorithm="shm")
+        assert not isinstance(info.value, CollectiveError)
+        # still usable, every rank on the same region: calls of each shape, in turns
+        for i in range(5):
+            call(shapes[(i + step) % 2], i)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("agreed", [False, True], ids=["python-agreement", "agreed-step"])
+@pytest.mark.parametrize("shapes", [(10_000, 10_001), (20_000, 700)], ids=["mid", "mid-small"])
+def test_different_counts_with_agreement_raise_and_the_comm_goes_on(agreed, shapes):
+    with _agreed_in_registry() if agreed else nullcontext():
+        comm = _fresh()
+        try:
+            _grow(comm)
+            with _counting("mid_agreed") as hits:
+                _disagree_then_agree(comm, shapes)
+            assert hits[0] > 0 if agreed else hits[0] == 0
+        finally:
+            _free(comm)
+
+
+@contextmanager
+def _no_wait_budget(comm):
+    """Every compiled wait hands back to Python at once; yields the (step, phase) of each LATE."""
+    group = shm._state(get_context(comm)).node.group
+    barrier = group.barrier
+    late = set()
+    originals = {name: getattr(_mid, name) for name in ("step", "agreed_step")}
+
+    def watching(name):
+        def run(*args):
+            verdict, phase = originals[name](*args)
+            if verdict == _mid.LATE:
+                late.add((name, phase))
+            return verdict, phase
+        return run
+    set_budget(barrier.words, group.rank, 0, 0, 0, 0, barrier.wakes)
+    for name in originals:
+        setattr(_mid, name, watching(name))
+    try:
+        yield late
+    finally:
+        for name, fn in originals.items():
+            setattr(_mid, name, fn)
+        barrier.set_sleep(barrier.sleep, barrier.wakes)  # the budget back
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("agreed", [False, True], ids=["steps", "agreed-step"])
+def test_waits_handed_back_to_python_resume_every_phase(agreed):
+    """Ranks come late now and then; with no wait budget, every compiled wait that
+    does not find the others there goes on in Python, and the step resumes."""
+    previous = pycollective.set_check(agreed)  # off: every call is the compiled steps alone
+    with _agreed_in_registry() if agreed else nullcontext():
+        comm = _fresh()
+        n, r = comm.Get_size(), comm.Get_rank()
+        rng = np.random.default_rng(r)
+        try:
+            _grow(comm)
+            with _no_wait_budget(comm) as late:
+                for i in range(120):
+                    count = (5_000, 30_011, 200_003)[i % 3]
+                    dtype = ("float32", "int64", "float16")[i % 3]
+                    send = exact_values((r + i) % n, count, dtype, "sum")
+                    out = np.empty_like(send)
+                    if rng.random() < 0.2:
+                        time.sleep(rng.random() * 2e-3)
+                    pycollective.allreduce(send, out, comm=comm, algorithm="shm")
+                    expected = exact_reduce([exact_values((q + i) % n, count, dtype, "sum")
+                                             for q in range(n)], "sum", dtype)
+                    assert bitwise_equal(out, expected), i
+            seen = set().union(*comm.allgather(late))
+            first = "agreed_step" if agreed else "step"
+            # resumed before phase 1 (from the first step) and before phase 2
+            assert (first, 1) in seen and seen & {(first, 2), ("step", 2)}, seen
+        finally:
+            pycollective.set_check(previous)
+            _free(comm)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_rank_later_than_the_timeout_is_named():
+    """The agreement off: the call's first wait is the compiled step's, handed to Python."""
+    comm = _fresh()
+    n, r = comm.Get_size(), comm.Get_rank()
+    late = n - 1
+    previous = pycollective.set_check(False)
+    try:
+        _grow(comm)
+        pycollective.set_timeout(0.5, comm=comm)
+        send = exact_values(r, 50_000, "float32", "sum")
+        out = np.empty_like(send)
+        pycollective.allreduce(send, out, comm=comm, algorithm="shm")  # the shape is known
+        comm.Barrier()
+        if r == late:
+            time.sleep(1.5)
+        with pytest.raises((CollectiveTimeout, PeerFailed)) as info:
+            pycollective.allreduce(send, out, comm=comm, algorithm="shm")
+        if r != late:
+            assert isinstance(info.value, CollectiveTimeout)
+            # named; before the roll call (ROLL_AFTER_S) a rank may not have heard the others
+            named = re.search(r"ranks \[([\d, ]+)\] did not arrive", str(info.value))
+            assert named and late in {int(q) for q in named[1].split(",")}, str(info.value)
+    finally:
+        pycollective.set_check(previous)
+        _free(comm)
