@@ -38,8 +38,10 @@ bitwise the same whichever path a call takes.
 """
 
 import numba
+from llvmlite import ir
 from numba import types
-from numba.extending import overload
+from numba.core import cgutils
+from numba.extending import intrinsic, overload
 
 from .._atomics import raise_own, wait_own
 from .._kernels import _max, _max_f16, _min, _min_f16, _prod, _prod_f16, _sum, _sum_f16
@@ -94,6 +96,25 @@ def _fold_native(op, a, b, out):
         _min(a, b, out)
 
 
+@intrinsic
+def _memcpy(typingctx, dst, src, nbytes):
+    # LLVM's memcpy, which becomes a call to the C library's: it reads
+    # another core's cache lines at twice the speed of an element loop (the
+    # copy-out of 20 KB at two ranks: 1.9 us against 5.6 us).
+    def codegen(context, builder, signature, args):
+        byte_ptr = ir.IntType(8).as_pointer()
+        cgutils.raw_memcpy(builder, builder.inttoptr(args[0], byte_ptr),
+                           builder.inttoptr(args[1], byte_ptr), args[2], 1)
+        return context.get_dummy_value()
+    return types.void(types.intp, types.intp, types.intp), codegen
+
+
+@_jit
+def _copy(dst, src):
+    """``dst[:] = src`` for contiguous arrays of one type and size that do not overlap."""
+    _memcpy(dst.ctypes.data, src.ctypes.data, src.nbytes)
+
+
 @_jit
 def _slot(flat, stride, base, q, lo, hi):
     """Elements ``[lo, hi)`` of rank q's slot region (slot q starts at ``q * stride + base``)."""
@@ -104,11 +125,9 @@ def _slot(flat, stride, base, q, lo, hi):
 @_jit
 def _post(flags, rank, target, flat, stride, base, src, bounds, headers, number, fingerprint):
     """Phase 0's writes (copy-in, and the header where ``headers`` has rows), then the counter."""
-    mine = _slot(flat, stride, base, rank, 0, src.shape[0])
-    for i in range(bounds[rank]):
-        mine[i] = src[i]
-    for i in range(bounds[rank + 1], src.shape[0]):
-        mine[i] = src[i]
+    lo, hi = bounds[rank], bounds[rank + 1]
+    _copy(_slot(flat, stride, base, rank, 0, lo), src[:lo])
+    _copy(_slot(flat, stride, base, rank, hi, src.shape[0]), src[hi:])
     if headers.shape[0]:
         _header(headers, rank, number, fingerprint)
     raise_own(flags, rank, target)
@@ -134,7 +153,7 @@ def _reduce_own(op, flat, stride, base, src, rank, size, lo, hi, dst):
                 _fold(op, out, src[b:e], out)
             else:
                 _fold(op, out, _slot(flat, stride, base, q, b, e), out)
-        dst[b:e] = out  # still in cache
+        _copy(dst[b:e], out)  # still in cache
 
 
 @_jit
@@ -152,7 +171,7 @@ def _finish(flags, rank, size, phase, second, flat, stride, base, src, dst, boun
     for q in range(size):
         if q != rank:
             lo, hi = bounds[q], bounds[q + 1]
-            dst[lo:hi] = _slot(flat, stride, base, q, lo, hi)
+            _copy(dst[lo:hi], _slot(flat, stride, base, q, lo, hi))
     return DONE, 3
 
 
