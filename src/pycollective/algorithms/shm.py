@@ -40,6 +40,12 @@ enough for the whole vector; slot q is a plain numpy view on every rank.
    only reach the copy-in of call k+2 (same region as call k) after every
    rank has entered call k+1's first sync, i.e. finished call k.
 
+From 4 KiB to 1 MiB, once the slots are big enough, steps 1-5 are one compiled call
+(:mod:`._mid`; in Python they are a dozen calls, most of the time at tens
+of KB): same targets, headers and left fold, so a call may mix it with the
+Python steps; a wait that runs long is handed back to Python (the deadline,
+the side channel) and the compiled call resumes after it.
+
 Small messages (up to ``_REPLICATE_BYTES`` = 4 KiB) take a shorter path:
 every rank copies its whole input into its slot, one sync, and every rank
 reduces the whole vector itself, operands in rank order 0..N-1.
