@@ -46,7 +46,7 @@ from numba.extending import intrinsic, overload
 from .._atomics import raise_own, wait_own
 from .._kernels import _max, _max_f16, _min, _min_f16, _prod, _prod_f16, _sum, _sum_f16
 from .._shmem import BLOCK_BYTES
-from ._small import _header, _headers_agree, rows_agree
+from ._small import _header, _headers_agree, _row, rows_agree
 
 __all__ = ["step", "agreed_step", "DONE", "DISAGREE", "HEADERS_DIFFER", "LATE", "HALF"]
 
@@ -205,11 +205,7 @@ def agreed_step(flags, rank, size, first, second, board, values, flat, stride, b
     ``values`` (nothing reduced); ``(LATE, 1)``: wait, compare the rows
     (``_small.rows_agree``) and go on with :func:`step` from phase 1.
     """
-    k = values.shape[0]
-    for j in range(k):
-        board[rank, j] = values[j]
-    for j in range(k, board.shape[1]):
-        board[rank, j] = 0
+    _row(board, rank, values)
     _post(flags, rank, first, flat, stride, base, src, bounds, headers, number, fingerprint)
     if wait_own(flags, rank, size, first) >= 0:
         return LATE, 1

@@ -375,6 +375,9 @@ def mid_agreed(state, call, src, dst, values, board):
     group = node.group
     first, publish, checking = group.compiled_step(call, check=True)
     second, _, _ = group.compiled_step(call, check=True)
+    # The call's header set, written and compared here (as in _small_agreed):
+    # published now, else earlier in the call (auto's trials agree first).
+    headers = next(h for h in (publish, checking, group.header_set()) if h is not None)
     rows = group.boards[board.parity]
     board.parity ^= 1
     # The region node.begin will hand out; it takes it (flips the parity)
@@ -382,7 +385,7 @@ def mid_agreed(state, call, src, dst, values, board):
     # (a ValueError on every rank, the communicator still usable) every rank
     # still agrees on the parity.
     offset = node.parity * (node.capacity // 2)
-    args = _mid_args(node, call, offset, src, dst, publish, checking)
+    args = _mid_args(node, call, offset, src, dst, headers, headers)
     words = group.barrier.words
     verdict, phase = _mid.agreed_step(words, group.rank, group.size, first, second, rows, values,
                                       *args)
@@ -397,7 +400,7 @@ def mid_agreed(state, call, src, dst, values, board):
     node.begin(dst.nbytes)  # the call proceeds: its region is taken
     if late:
         verdict, phase = _mid.step(words, group.rank, group.size, 1, first, second, *args)
-    _mid_resume(group, call, verdict, phase, first, second, args, checking)
+    _mid_resume(group, call, verdict, phase, first, second, args, headers)
     return True
 
 
