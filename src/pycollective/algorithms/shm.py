@@ -204,12 +204,13 @@ def shm_allreduce(ctx, src, dst, kernel):
     state = _state(ctx)
     if state.error is not None:
         raise ConfigurationError(state.error)
+    call = _watch.current()
     if state.cross is not None and dst.nbytes > DOUBLE_LIMIT:
         cma_allreduce_on(state.cross, src, dst, kernel)
-    elif _compiled(state, _watch.current(), dst):
-        _small_data(state.node, _watch.current(), src, dst)
-    elif _mid_compiled(state.node, _watch.current(), dst):
-        _mid_data(state.node, _watch.current(), src, dst)
+    elif _compiled(state, call, dst):
+        _small_data(state.node, call, src, dst)
+    elif _mid_compiled(state.node, call, dst):
+        _mid_data(state.node, call, src, dst)
     else:
         shm_allreduce_on(state.node, src, dst, kernel)
 
