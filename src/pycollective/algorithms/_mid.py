@@ -3,10 +3,11 @@
 Between the small path (every rank reduces the whole vector, :mod:`._small`)
 and the single-copy path above 1 MiB, "shm" stages the data in the slots'
 two alternating regions: rank i owns slice i of the result (see ``shm.py``).
-In Python that is a dozen calls and two synchronisations per allreduce,
-about 20 µs at 40 KB on two ranks, several times the memory work.  Here
-the same protocol runs as one compiled call that goes through three phases,
-each ending in the same barrier target as the Python path's:
+In Python that is a dozen calls and two synchronisations per allreduce
+(a call of 40 KB on two ranks: 22-27 µs, 16-21 µs with this module;
+docs/results/2026-12-01-mid.md).  Here the same protocol runs as one
+compiled call that goes through three phases, each ending in the same
+barrier target as the Python path's:
 
 0. copy-in: this rank's input *except its own slice* into its slot; the
    header (call number and fingerprint) if this is the call's first step;
@@ -46,11 +47,12 @@ from numba.extending import intrinsic, overload
 from .._atomics import raise_own, wait_own
 from .._kernels import _max, _max_f16, _min, _min_f16, _prod, _prod_f16, _sum, _sum_f16
 from .._shmem import BLOCK_BYTES
-from ._small import _header, _headers_agree, _row, rows_agree
+# The verdicts, header and agreement-row code are the small path's: one home.
+from ._small import (DISAGREE, DONE, HEADERS_DIFFER, LATE, _header, _headers_agree, _row,
+                     rows_agree)
 
 __all__ = ["step", "agreed_step", "DONE", "DISAGREE", "HEADERS_DIFFER", "LATE", "HALF"]
 
-DONE, DISAGREE, HEADERS_DIFFER, LATE = 0, 1, 2, 3
 HALF = 4  # op codes 4-7: float16's kernels (sum, prod, max, min) on uint16 views
 
 _jit = numba.njit(cache=True, nogil=True)
