@@ -356,6 +356,18 @@ class SharedSlots:
                 strides=(self.capacity, dtype.itemsize))
         return view
 
+    def flat(self, dtype):
+        """The whole segment as one typed array (every slot, back to back; cached).
+
+        Rank q's slot starts at element ``q * capacity // itemsize``: the
+        compiled sliced path indexes it so, one array instead of N views.
+        """
+        key = ("flat", dtype)
+        view = self.views.get(key)
+        if view is None:
+            view = self.views[key] = self.segment.bytes().view(dtype)
+        return view
+
     def sync(self):
         self.group.sync()
 

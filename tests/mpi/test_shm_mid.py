@@ -12,10 +12,10 @@
 * every compiled wait handed back to Python at once (a zero wait budget),
   so the steps resume from phases 1 and 2, and a rank later than the timeout;
 * the same for the agreement folded into the first step (``shm.mid_agreed``,
-  put in the registry's ``agreed`` for these tests only).
+  what "shm"'s ``agreed`` runs for these sizes; set aside to test the board's
+  agreement followed by the compiled steps).
 """
 
-import dataclasses
 import re
 import time
 from contextlib import contextmanager, nullcontext
@@ -26,7 +26,7 @@ from mpi4py import MPI
 
 import pycollective
 from pycollective import _env as _env_settings
-from pycollective import _registry, _watch
+from pycollective import _watch
 from pycollective._atomics import set_budget
 from pycollective._context import get_context
 from pycollective._errors import CollectiveError, CollectiveMismatch, CollectiveTimeout, PeerFailed
@@ -48,19 +48,19 @@ def _counts(nranks, itemsize):
 
 
 @contextmanager
-def _counting(name):
-    """Count the calls of ``shm.<name>`` (and still make them)."""
+def _counting(name, module=shm):
+    """Count the calls of ``module.<name>`` (and still make them)."""
     hits = [0]
-    original = getattr(shm, name)
+    original = getattr(module, name)
 
     def counted(*args):
         hits[0] += 1
         return original(*args)
-    setattr(shm, name, counted)
+    setattr(module, name, counted)
     try:
         yield hits
     finally:
-        setattr(shm, name, original)
+        setattr(module, name, original)
 
 
 @contextmanager
@@ -75,19 +75,15 @@ def _python_path():
 
 
 @contextmanager
-def _agreed_in_registry():
-    """"shm"'s ``agreed`` tries :func:`shm.mid_agreed` first (on communicators made inside)."""
-    table = _registry._ALGORITHMS["allreduce"]
-    algo = table["shm"]
-
-    def agreed(ctx, src, dst, kernel, values, board):
-        done = shm.mid_agreed(shm._state(ctx), _watch.current(), src, dst, values, board)
-        return algo.agreed(ctx, src, dst, kernel, values, board) if done is None else done
-    table["shm"] = dataclasses.replace(algo, agreed=agreed)
+def _python_agreement():
+    """"shm"'s agreement for the mid sizes through the board, then the compiled steps
+    (:func:`shm.mid_agreed` stands aside), as for a call whose slots must grow first."""
+    original = shm.mid_agreed
+    shm.mid_agreed = lambda *args: None
     try:
         yield
     finally:
-        table["shm"] = algo
+        shm.mid_agreed = original
 
 
 def _fresh(world=MPI.COMM_WORLD):
@@ -124,7 +120,9 @@ def test_every_compiled_dtype_and_op_exact(layouts):
         comm = _fresh(world_comm)
         try:
             _grow(comm)
-            with _counting("_mid_data") as hits:
+            # a shape's first call takes the full path (the board's agreement, then
+            # the compiled steps), a repeated one the agreed step
+            with _counting("_mid_data") as hits, _counting("agreed_step", _mid) as agreed:
                 for dtype in DTYPES:
                     counts = _counts(comm.Get_size(), np.dtype(dtype).itemsize)
                     if label != "world":
@@ -134,7 +132,7 @@ def test_every_compiled_dtype_and_op_exact(layouts):
                         for op in (OPS if i < 2 else [OPS[i % 4]]):
                             check_allreduce(comm, "shm", dtype, op, count, failures, label)
                             expected_calls += 2  # out of place and in place
-            taken += hits[0]
+            taken += hits[0] + agreed[0]
         finally:
             _free(comm)
     assert not failures, f"{len(failures)} failures: " + "; ".join(failures[:5])
@@ -227,11 +225,11 @@ def _disagree_then_agree(comm, shapes):
 @pytest.mark.parametrize("agreed", [False, True], ids=["python-agreement", "agreed-step"])
 @pytest.mark.parametrize("shapes", [(10_000, 10_001), (20_000, 700)], ids=["mid", "mid-small"])
 def test_different_counts_with_agreement_raise_and_the_comm_goes_on(agreed, shapes):
-    with _agreed_in_registry() if agreed else nullcontext():
+    with nullcontext() if agreed else _python_agreement():
         comm = _fresh()
         try:
             _grow(comm)
-            with _counting("mid_agreed") as hits:
+            with _counting("agreed_step", _mid) as hits:
                 _disagree_then_agree(comm, shapes)
             assert hits[0] > 0 if agreed else hits[0] == 0
         finally:
@@ -270,31 +268,30 @@ def test_waits_handed_back_to_python_resume_every_phase(agreed):
     """Ranks come late now and then; with no wait budget, every compiled wait that
     does not find the others there goes on in Python, and the step resumes."""
     previous = pycollective.set_check(agreed)  # off: every call is the compiled steps alone
-    with _agreed_in_registry() if agreed else nullcontext():
-        comm = _fresh()
-        n, r = comm.Get_size(), comm.Get_rank()
-        rng = np.random.default_rng(r)
-        try:
-            _grow(comm)
-            with _no_wait_budget(comm) as late:
-                for i in range(120):
-                    count = (5_000, 30_011, 200_003)[i % 3]
-                    dtype = ("float32", "int64", "float16")[i % 3]
-                    send = exact_values((r + i) % n, count, dtype, "sum")
-                    out = np.empty_like(send)
-                    if rng.random() < 0.2:
-                        time.sleep(rng.random() * 2e-3)
-                    pycollective.allreduce(send, out, comm=comm, algorithm="shm")
-                    expected = exact_reduce([exact_values((q + i) % n, count, dtype, "sum")
-                                             for q in range(n)], "sum", dtype)
-                    assert bitwise_equal(out, expected), i
-            seen = set().union(*comm.allgather(late))
-            first = "agreed_step" if agreed else "step"
-            # resumed before phase 1 (from the first step) and before phase 2
-            assert (first, 1) in seen and seen & {(first, 2), ("step", 2)}, seen
-        finally:
-            pycollective.set_check(previous)
-            _free(comm)
+    comm = _fresh()
+    n, r = comm.Get_size(), comm.Get_rank()
+    rng = np.random.default_rng(r)
+    try:
+        _grow(comm)
+        with _no_wait_budget(comm) as late:
+            for i in range(120):
+                count = (5_000, 30_011, 200_003)[i % 3]
+                dtype = ("float32", "int64", "float16")[i % 3]
+                send = exact_values((r + i) % n, count, dtype, "sum")
+                out = np.empty_like(send)
+                if rng.random() < 0.2:
+                    time.sleep(rng.random() * 2e-3)
+                pycollective.allreduce(send, out, comm=comm, algorithm="shm")
+                expected = exact_reduce([exact_values((q + i) % n, count, dtype, "sum")
+                                         for q in range(n)], "sum", dtype)
+                assert bitwise_equal(out, expected), i
+        seen = set().union(*comm.allgather(late))
+        first = "agreed_step" if agreed else "step"
+        # resumed before phase 1 (from the first step) and before phase 2
+        assert (first, 1) in seen and seen & {(first, 2), ("step", 2)}, seen
+    finally:
+        pycollective.set_check(previous)
+        _free(comm)
 
 
 @pytest.mark.mpi(min_size=2)

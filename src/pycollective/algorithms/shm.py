@@ -225,14 +225,19 @@ def shm_agreed(ctx, src, dst, kernel, values, board):
     """shm with the agreement in the same compiled step (the registry's ``agreed``).
 
     Small messages take :func:`_small_agreed`: the agreement row and the
-    data posted together, one synchronisation; larger ones run the agreement
-    through the board, then the algorithm.  Either way the first sync is the
-    agreement's, with the same target, board and header as the Python path's.
+    data posted together, one synchronisation; the sliced sizes up to 1 MiB
+    :func:`mid_agreed`, the row posted with the copy-in; larger ones (or
+    slots not grown yet) run the agreement through the board, then the
+    algorithm.  Either way the first sync is the agreement's, with the same
+    target, board and header as the Python path's.
     """
     state = _state(ctx)
     call = _watch.current()
     if _compiled(state, call, dst, board):
         return _small_agreed(state.node, call, src, dst, values, board)
+    done = mid_agreed(state, call, src, dst, values, board)
+    if done is not None:
+        return done
     before = values.tobytes()
     board.max(values)
     if values.tobytes() != before:
@@ -337,10 +342,7 @@ def _mid_args(node, call, offset, src, dst, publish, checking):
     half = dst.dtype == _F16
     if half:
         src, dst = src.view(np.uint16), dst.view(np.uint16)
-    flat = node.views.get(("flat", dst.dtype))
-    if flat is None:
-        # With the slots' typed views: dropped when the slots grow or are freed.
-        flat = node.views[("flat", dst.dtype)] = node.segment.bytes().view(dst.dtype)
+    flat = node.flat(dst.dtype)
     itemsize = dst.itemsize
     return (flat, node.capacity // itemsize, offset // itemsize, src, dst,
             _slice_bounds(dst.size, node.size),
@@ -378,7 +380,9 @@ def mid_agreed(state, call, src, dst, values, board):
     second, _, _ = group.compiled_step(call, check=True)
     # The call's header set, written and compared here (as in _small_agreed):
     # published now, else earlier in the call (auto's trials agree first).
-    headers = next(h for h in (publish, checking, group.header_set()) if h is not None)
+    headers = publish if publish is not None else checking
+    if headers is None:
+        headers = group.header_set()
     rows = group.boards[board.parity]
     board.parity ^= 1
     # The region node.begin will hand out; it takes it (flips the parity)
