@@ -151,9 +151,29 @@ class Context:
                 if not req.Test():
                     req.Cancel()
             self.pending_notices = []
+            self._drain()
             self.comm.Free()
             self.comm = MPI.COMM_NULL
         _LIVE.pop(id(self), None)
+
+
+    def _drain(self):
+        """Receive what arrived on the private communicator and nobody took.
+
+        Nothing does when no call is under way, except the side channel's
+        notices of a failed call that this rank did not wait for.  Left in
+        MPI's queue they outlive the communicator: MPICH reuses its context
+        id, and a later communicator's receives could match them.  Received
+        as bytes, whatever they hold.  A notice still in flight can land
+        after this; it is only the ones already here that are taken.
+        """
+        status = MPI.Status()
+        try:
+            while self.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
+                self.comm.Recv([bytearray(max(1, status.Get_count(MPI.BYTE))), MPI.BYTE],
+                               status.Get_source(), status.Get_tag())
+        except MPI.Exception:
+            pass  # the communicator itself failed (a peer died): nothing to take
 
 
 # Every live context, in creation order (the same on every rank), for freeing

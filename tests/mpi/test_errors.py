@@ -126,3 +126,31 @@ def test_errors_on_sub_communicators(layouts):
             pycollective.allreduce(GOOD, np.empty(10, np.float32), comm=comm, algorithm="x")
         _nothing_in_flight(comm)
         _still_works(comm)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_messages_nobody_took_do_not_outlive_the_communicator():
+    """A side-channel notice of a failed call that a rank never read is received
+    when the communicator is freed: a later communicator (MPICH reuses context
+    ids) must not find it."""
+    world = MPI.COMM_WORLD
+    rank, size = world.Get_rank(), world.Get_size()
+    found = []
+    for _ in range(3):
+        comm = world.Dup()
+        private = get_context(comm).comm
+        if rank == 0:
+            for q in range(1, size):
+                private.send(("stale notice", q), dest=q, tag=_watch.TAG_NOTICE)
+        world.Barrier()
+        if rank:  # wait until it is here, and do not take it
+            while not private.Iprobe(0, _watch.TAG_NOTICE):
+                pass
+        world.Barrier()
+        comm.Free()
+        later = world.Dup()
+        for c in (later, get_context(later).comm):
+            found.append(bool(c.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)))
+        world.Barrier()
+        later.Free()
+    assert not any(found), found
