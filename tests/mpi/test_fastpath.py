@@ -74,3 +74,31 @@ def test_repeated_call_fast_path_keeps_every_check(algorithm):
         assert np.array_equal(out, expected)
     finally:
         pycollective.set_check(previous)
+
+
+class _Sub(np.ndarray):
+    """An ndarray subclass: reduced as a plain array, but never on the fast path."""
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("count", [100, 3001])  # shm's small path, and its sliced one
+def test_ranks_that_agree_but_take_different_paths_give_right_results(count):
+    """In each call one rank misses the fast path (its buffers are a subclass:
+    the full path's agreement, then the data), the others take it (shm folds
+    the agreement into its data step): the folded ranks must wait for that
+    rank's data, not reduce what its slot held before."""
+    comm = MPI.COMM_WORLD
+    n, r = comm.Get_size(), comm.Get_rank()
+    wrong = []
+    for k in range(3 * n + 2):
+        x = exact_values((r + k) % n, count, "float32", "sum")
+        expected = exact_reduce([exact_values((q + k) % n, count, "float32", "sum")
+                                 for q in range(n)], "sum", "float32")
+        odd = k >= 2 and r == k % n  # the first two calls make the shape known
+        send = x.view(_Sub) if odd else x
+        out = np.empty(count, np.float32)
+        pycollective.allreduce(send, out.view(_Sub) if odd else out, "sum", comm=comm,
+                               algorithm="shm")
+        if not np.array_equal(out, expected):
+            wrong.append((k, int(np.count_nonzero(out != expected))))
+    assert not wrong, wrong

@@ -31,7 +31,9 @@ ranks that take different paths still meet.
 agreement row goes into the board with the copy-in, and after the first wait
 every row is compared with this rank's (``DISAGREE``: the caller raises the
 verdict and the communicator stays usable) before the headers.  One
-synchronisation fewer than the agreement followed by :func:`step`.
+synchronisation fewer than the agreement followed by :func:`step`; when a
+rank that agrees took that longer way (``UNFOLDED``, see ``_small``) the
+others follow it.
 
 The reduction is the Python path's left fold by the same kernels
 (``_kernels``), float16 on its bit patterns (uint16 views), so results are
@@ -48,10 +50,11 @@ from .._atomics import raise_own, wait_own
 from .._kernels import _max, _max_f16, _min, _min_f16, _prod, _prod_f16, _sum, _sum_f16
 from .._shmem import BLOCK_BYTES
 # The verdicts, header and agreement-row code are the small path's: one home.
-from ._small import (DISAGREE, DONE, HEADERS_DIFFER, LATE, _header, _headers_agree, _row,
-                     rows_agree)
+from ._small import (DISAGREE, DONE, HEADERS_DIFFER, LATE, UNFOLDED, _header, _headers_agree,
+                     _row_folded, all_folded, rows_agree)
 
-__all__ = ["step", "agreed_step", "DONE", "DISAGREE", "HEADERS_DIFFER", "LATE", "HALF"]
+__all__ = ["step", "agreed_step", "DONE", "DISAGREE", "HEADERS_DIFFER", "LATE", "UNFOLDED",
+           "HALF"]
 
 HALF = 4  # op codes 4-7: float16's kernels (sum, prod, max, min) on uint16 views
 
@@ -204,14 +207,19 @@ def agreed_step(flags, rank, size, first, second, board, values, flat, stride, b
     """:func:`step` from phase 0 with this rank's agreement row posted in ``board``.
 
     After the first wait, ``(DISAGREE, 1)`` if any rank's row differs from
-    ``values`` (nothing reduced); ``(LATE, 1)``: wait, compare the rows
-    (``_small.rows_agree``) and go on with :func:`step` from phase 1.
+    ``values`` (nothing reduced); ``(UNFOLDED, 1)`` if a rank posted its row
+    alone (its copy-in comes with the next sync: the caller runs
+    :func:`step` with the next two targets); ``(LATE, 1)``: wait, compare
+    the rows (``_small.rows_agree``, ``_small.all_folded``) and go on with
+    :func:`step` from phase 1.
     """
-    _row(board, rank, values)
+    _row_folded(board, rank, values)
     _post(flags, rank, first, flat, stride, base, src, bounds, headers, number, fingerprint)
     if wait_own(flags, rank, size, first) >= 0:
         return LATE, 1
     if not rows_agree(board, values, size):
         return DISAGREE, 1
+    if not all_folded(board, size):
+        return UNFOLDED, 1
     return _finish(flags, rank, size, 1, second, flat, stride, base, src, dst, bounds, checking,
                    op)

@@ -22,7 +22,12 @@ that take different paths for the same call still meet: the folded step is
 the call's first sync, like the agreement's, and a rank that disagrees (on
 the Python path, say, because its count is larger) reads the same board
 rows after it.  Nobody reads a slot before every row is seen equal, so a
-disagreement leaves every rank's data unread.  The reduction is the same
+disagreement leaves every rank's data unread.  Ranks that agree may still
+take different paths (one rank's buffer is not a plain array, so it misses
+the fast path; two threads' calls reach the fast path in different orders):
+a folded row says so in its last word, and unless every rank's does
+(``UNFOLDED``), the folded ranks go on with the data step, whose sync is
+the one the others post their data before.  The reduction is the same
 left fold by the same kernels, so results are bitwise the same.
 """
 
@@ -33,9 +38,9 @@ from .._kernels import _max, _max_f16, _min, _min_f16, _prod, _prod_f16, _sum, _
 
 __all__ = ["data_step", "data_step_half", "agreed_step", "agreed_step_half",
            "agreed_reduce", "rows_agree", "reduce", "reduce_half", "DONE", "DISAGREE",
-           "HEADERS_DIFFER", "LATE"]
+           "HEADERS_DIFFER", "LATE", "UNFOLDED", "all_folded"]
 
-DONE, DISAGREE, HEADERS_DIFFER, LATE = 0, 1, 2, 3
+DONE, DISAGREE, HEADERS_DIFFER, LATE, UNFOLDED = 0, 1, 2, 3, 4
 HEADER_WORDS = 10  # call number + fingerprint
 
 _jit = numba.njit(cache=True, nogil=True)
@@ -55,6 +60,24 @@ def _row(board, rank, values):
         board[rank, j] = values[j]
     for j in range(k, board.shape[1]):
         board[rank, j] = 0
+
+
+@_jit
+def _row_folded(board, rank, values):
+    """The agreement row, its last word 1: "my data are posted with it" (the
+    Python agreement and the unfolded steps leave it 0; no fact reaches it)."""
+    _row(board, rank, values)
+    board[rank, board.shape[1] - 1] = 1
+
+
+@_jit
+def all_folded(board, size):
+    """After the first sync: True iff every rank posted its data with its row."""
+    last = board.shape[1] - 1
+    for q in range(size):
+        if board[q, last] != 1:
+            return False
+    return True
 
 
 @_jit
@@ -162,7 +185,7 @@ def data_step_half(flags, rank, size, target, rows, src, headers, publish, numbe
 @_jit
 def post_both(flags, rank, target, board, values, rows, src, headers, number, fingerprint):
     """The folded step's writes (agreement row, input, header), then this rank's counter."""
-    _row(board, rank, values)
+    _row_folded(board, rank, values)
     for i in range(src.shape[0]):
         rows[rank, i] = src[i]
     _header(headers, rank, number, fingerprint)
@@ -171,10 +194,13 @@ def post_both(flags, rank, target, board, values, rows, src, headers, number, fi
 
 @_jit
 def agreed_reduce(board, values, headers, rank, size, rows, dst, op):
-    """After the folded step's wait: DISAGREE unless every row is ``values``, else
-    :func:`reduce`."""
+    """After the folded step's wait: DISAGREE unless every row is ``values``;
+    UNFOLDED if a rank posted its row alone (its data come with the next
+    sync: go on with the data step); else :func:`reduce`."""
     if not rows_agree(board, values, size):
         return DISAGREE
+    if not all_folded(board, size):
+        return UNFOLDED
     return reduce(headers, rank, size, rows, dst, op)
 
 
@@ -183,13 +209,16 @@ def agreed_reduce_half(board, values, headers, rank, size, rows, dst, op):
     """:func:`agreed_reduce` for float16 (uint16 views)."""
     if not rows_agree(board, values, size):
         return DISAGREE
+    if not all_folded(board, size):
+        return UNFOLDED
     return reduce_half(headers, rank, size, rows, dst, op)
 
 
 @_jit
 def agreed_step(flags, rank, size, target, board, values, rows, src, headers, number,
                 fingerprint, dst, op):
-    """:func:`post_both`, wait, :func:`agreed_reduce`: DONE, DISAGREE, HEADERS_DIFFER or LATE.
+    """:func:`post_both`, wait, :func:`agreed_reduce`: DONE, DISAGREE, HEADERS_DIFFER, LATE
+    or UNFOLDED.
 
     Must be the call's first step (it publishes the header it then checks).
     """

@@ -257,6 +257,8 @@ def _small_data(node, call, src, dst):
     """The small path's data step in compiled code (the slots are big enough already)."""
     group = node.group
     target, publish, checking = group.compiled_step(call, check=True)
+    if checking is None:  # an earlier step of the call compared them: again, no harm
+        checking = group.header_set()
     offset, _ = node.begin(dst.nbytes)
     half = dst.dtype == _F16
     if half:
@@ -308,6 +310,11 @@ def _small_agreed(node, call, src, dst, values, board):
     if verdict == _small.DISAGREE:
         np.max(rows_board[:, :values.size], axis=0, out=values)
         return False
+    if verdict == _small.UNFOLDED:
+        # A rank agreed through the board alone and posts its data before its
+        # next sync: the data step (posting ours again) meets it there.
+        _small_data(node, call, src, dst)
+        return True
     if verdict == _small.HEADERS_DIFFER:
         group.check(call, headers)  # raises, naming who is in which call
     node.begin(dst.nbytes)
@@ -330,6 +337,8 @@ def _mid_data(node, call, src, dst):
     group = node.group
     first, publish, checking = group.compiled_step(call, check=True)
     second, _, _ = group.compiled_step(call, check=True)
+    if checking is None:  # an earlier step of the call compared them: again, no harm
+        checking = group.header_set()
     offset, _ = node.begin(dst.nbytes)
     args = _mid_args(node, call, offset, src, dst, publish, checking)
     verdict, phase = _mid.step(group.barrier.words, group.rank, group.size, 0, first, second,
@@ -399,10 +408,20 @@ def mid_agreed(state, call, src, dst, values, board):
         group.barrier.wait(first)  # a slow rank: wait on with the deadline
         if not _small.rows_agree(rows, values, group.size):
             verdict = _mid.DISAGREE
+        elif not _small.all_folded(rows, group.size):
+            verdict = _mid.UNFOLDED
     if verdict == _mid.DISAGREE:
         np.max(rows[:, :values.size], axis=0, out=values)
         return False
     node.begin(dst.nbytes)  # the call proceeds: its region is taken
+    if verdict == _mid.UNFOLDED:
+        # A rank agreed through the board alone: it copies in before its next
+        # sync, the second target here.  Follow its steps from the copy-in
+        # (again: the same data into the same place) with targets two and three.
+        third, _, _ = group.compiled_step(call, check=True)
+        verdict, phase = _mid.step(words, group.rank, group.size, 0, second, third, *args)
+        _mid_resume(group, call, verdict, phase, second, third, args, headers)
+        return True
     if late:
         verdict, phase = _mid.step(words, group.rank, group.size, 1, first, second, *args)
     _mid_resume(group, call, verdict, phase, first, second, args, headers)
