@@ -34,6 +34,10 @@ __all__ = ["Facts", "agree", "fact_values", "agree_max", "board", "verdict", "ne
 Facts = Sequence[Tuple[str, int]]
 
 MAX_FACTS = 10  # every rank sends the same-length vector, error or not
+# The shared board's rows hold the vector and one word more: shm's folded
+# step marks there that its data came with the row (algorithms/_small.py).
+if 3 + 2 * MAX_FACTS >= SharedMax.WIDTH:
+    raise ImportError("pycollective: the agreement vector must leave the board's last word free")
 _ERRORS = {"TypeError": TypeError, "ValueError": ValueError}
 _BOARD = Key("agree.board")
 
