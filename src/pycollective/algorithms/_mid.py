@@ -51,7 +51,7 @@ from .._kernels import _max, _max_f16, _min, _min_f16, _prod, _prod_f16, _sum, _
 from .._shmem import BLOCK_BYTES
 # The verdicts, header and agreement-row code are the small path's: one home.
 from ._small import (DISAGREE, DONE, HEADERS_DIFFER, LATE, UNFOLDED, _header, _headers_agree,
-                     _row_folded, all_folded, rows_agree)
+                     _row_folded, rows_verdict)
 
 __all__ = ["step", "agreed_step", "DONE", "DISAGREE", "HEADERS_DIFFER", "LATE", "UNFOLDED",
            "HALF"]
@@ -210,16 +210,15 @@ def agreed_step(flags, rank, size, first, second, board, values, flat, stride, b
     ``values`` (nothing reduced); ``(UNFOLDED, 1)`` if a rank posted its row
     alone (its copy-in comes with the next sync: the caller runs
     :func:`step` with the next two targets); ``(LATE, 1)``: wait, compare
-    the rows (``_small.rows_agree``, ``_small.all_folded``) and go on with
+    the rows (``_small.rows_verdict``) and go on with
     :func:`step` from phase 1.
     """
     _row_folded(board, rank, values)
     _post(flags, rank, first, flat, stride, base, src, bounds, headers, number, fingerprint)
     if wait_own(flags, rank, size, first) >= 0:
         return LATE, 1
-    if not rows_agree(board, values, size):
-        return DISAGREE, 1
-    if not all_folded(board, size):
-        return UNFOLDED, 1
+    verdict = rows_verdict(board, values, size)
+    if verdict != DONE:
+        return verdict, 1
     return _finish(flags, rank, size, 1, second, flat, stride, base, src, dst, bounds, checking,
                    op)

@@ -12,7 +12,7 @@ the same protocol is one compiled call:
 * both in one (check on, the repeated call's fast path):
   :func:`agreed_step` writes the agreement row, the input and the header,
   raises the counter once, waits once, and reduces only if every rank's
-  row equals this rank's (:func:`agreed_reduce`).  One synchronisation per
+  row equals this rank's (:func:`rows_verdict`).  One synchronisation per
   call instead of two: on two cores with four or eight ranks each one
   costs a scheduling slice.
 
@@ -37,7 +37,7 @@ from .._atomics import raise_own, wait_own
 from .._kernels import _max, _max_f16, _min, _min_f16, _prod, _prod_f16, _sum, _sum_f16
 
 __all__ = ["data_step", "data_step_half", "agreed_step", "agreed_step_half",
-           "agreed_reduce", "rows_agree", "reduce", "reduce_half", "DONE", "DISAGREE",
+           "rows_verdict", "rows_agree", "reduce", "reduce_half", "DONE", "DISAGREE",
            "HEADERS_DIFFER", "LATE", "UNFOLDED", "all_folded"]
 
 DONE, DISAGREE, HEADERS_DIFFER, LATE, UNFOLDED = 0, 1, 2, 3, 4
@@ -193,39 +193,32 @@ def post_both(flags, rank, target, board, values, rows, src, headers, number, fi
 
 
 @_jit
-def agreed_reduce(board, values, headers, rank, size, rows, dst, op):
+def rows_verdict(board, values, size):
     """After the folded step's wait: DISAGREE unless every row is ``values``;
     UNFOLDED if a rank posted its row alone (its data come with the next
-    sync: go on with the data step); else :func:`reduce`."""
+    sync: go on with the data step); else DONE (reduce now)."""
     if not rows_agree(board, values, size):
         return DISAGREE
     if not all_folded(board, size):
         return UNFOLDED
-    return reduce(headers, rank, size, rows, dst, op)
-
-
-@_jit
-def agreed_reduce_half(board, values, headers, rank, size, rows, dst, op):
-    """:func:`agreed_reduce` for float16 (uint16 views)."""
-    if not rows_agree(board, values, size):
-        return DISAGREE
-    if not all_folded(board, size):
-        return UNFOLDED
-    return reduce_half(headers, rank, size, rows, dst, op)
+    return DONE
 
 
 @_jit
 def agreed_step(flags, rank, size, target, board, values, rows, src, headers, number,
                 fingerprint, dst, op):
-    """:func:`post_both`, wait, :func:`agreed_reduce`: DONE, DISAGREE, HEADERS_DIFFER, LATE
-    or UNFOLDED.
+    """:func:`post_both`, wait, :func:`rows_verdict`, then :func:`reduce`: DONE, DISAGREE,
+    HEADERS_DIFFER, LATE or UNFOLDED.
 
     Must be the call's first step (it publishes the header it then checks).
     """
     post_both(flags, rank, target, board, values, rows, src, headers, number, fingerprint)
     if wait_own(flags, rank, size, target) >= 0:
         return LATE
-    return agreed_reduce(board, values, headers, rank, size, rows, dst, op)
+    verdict = rows_verdict(board, values, size)
+    if verdict != DONE:
+        return verdict
+    return reduce(headers, rank, size, rows, dst, op)
 
 
 @_jit
@@ -235,4 +228,7 @@ def agreed_step_half(flags, rank, size, target, board, values, rows, src, header
     post_both(flags, rank, target, board, values, rows, src, headers, number, fingerprint)
     if wait_own(flags, rank, size, target) >= 0:
         return LATE
-    return agreed_reduce_half(board, values, headers, rank, size, rows, dst, op)
+    verdict = rows_verdict(board, values, size)
+    if verdict != DONE:
+        return verdict
+    return reduce_half(headers, rank, size, rows, dst, op)

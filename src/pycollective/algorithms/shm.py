@@ -305,8 +305,10 @@ def _small_agreed(node, call, src, dst, values, board):
                    data_src, headers, call.number, call.fingerprint_words, data_dst, op)
     if verdict == _small.LATE:
         group.barrier.wait(target)  # a slow rank: wait on with the deadline
-        reduce = _small.agreed_reduce_half if half else _small.agreed_reduce
-        verdict = reduce(rows_board, values, headers, group.rank, group.size, rows, data_dst, op)
+        verdict = _small.rows_verdict(rows_board, values, group.size)
+        if verdict == _small.DONE:
+            reduce = _small.reduce_half if half else _small.reduce
+            verdict = reduce(headers, group.rank, group.size, rows, data_dst, op)
     if verdict == _small.DISAGREE:
         np.max(rows_board[:, :values.size], axis=0, out=values)
         return False
@@ -406,10 +408,7 @@ def mid_agreed(state, call, src, dst, values, board):
     late = verdict == _mid.LATE and phase == 1  # before the rows were compared
     if late:
         group.barrier.wait(first)  # a slow rank: wait on with the deadline
-        if not _small.rows_agree(rows, values, group.size):
-            verdict = _mid.DISAGREE
-        elif not _small.all_folded(rows, group.size):
-            verdict = _mid.UNFOLDED
+        verdict = _small.rows_verdict(rows, values, group.size)
     if verdict == _mid.DISAGREE:
         np.max(rows[:, :values.size], axis=0, out=values)
         return False
