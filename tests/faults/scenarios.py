@@ -221,6 +221,15 @@ def threads(algorithms, calls="60", shapes="same", check="on"):
     calls = int(calls)
     pycollective.set_check(check == "on")
     for algo in algorithms.split(","):
+        # Compile (or load) the algorithm's code first, on another communicator,
+        # so that the threads' first calls do not spend the 3 s timeout on it:
+        # a fresh clone's first shm calls compile for 2-3 s per rank on an idle
+        # machine, and the test is about the calls' order, not about that.
+        warm = WORLD.Dup()
+        for _ in range(2):  # the full path, then the repeated call's
+            x = data(RANK, 2000)
+            pycollective.allreduce(x, np.empty_like(x), comm=warm, algorithm=algo)
+        warm.Free()
         comm = WORLD.Dup()
         pycollective.set_timeout(TIMEOUT, comm=comm)
         wrong, errors = [0], []
