@@ -205,6 +205,16 @@ def rows_verdict(board, values, size):
 
 
 @_jit
+def _posted_verdict(flags, rank, size, target, board, values, rows, src, headers, number,
+                    fingerprint):
+    """:func:`post_both`, wait, :func:`rows_verdict` (LATE if the wait ran out)."""
+    post_both(flags, rank, target, board, values, rows, src, headers, number, fingerprint)
+    if wait_own(flags, rank, size, target) >= 0:
+        return LATE
+    return rows_verdict(board, values, size)
+
+
+@_jit
 def agreed_step(flags, rank, size, target, board, values, rows, src, headers, number,
                 fingerprint, dst, op):
     """:func:`post_both`, wait, :func:`rows_verdict`, then :func:`reduce`: DONE, DISAGREE,
@@ -212,10 +222,8 @@ def agreed_step(flags, rank, size, target, board, values, rows, src, headers, nu
 
     Must be the call's first step (it publishes the header it then checks).
     """
-    post_both(flags, rank, target, board, values, rows, src, headers, number, fingerprint)
-    if wait_own(flags, rank, size, target) >= 0:
-        return LATE
-    verdict = rows_verdict(board, values, size)
+    verdict = _posted_verdict(flags, rank, size, target, board, values, rows, src, headers,
+                              number, fingerprint)
     if verdict != DONE:
         return verdict
     return reduce(headers, rank, size, rows, dst, op)
@@ -225,10 +233,8 @@ def agreed_step(flags, rank, size, target, board, values, rows, src, headers, nu
 def agreed_step_half(flags, rank, size, target, board, values, rows, src, headers, number,
                      fingerprint, dst, op):
     """:func:`agreed_step` for float16 (uint16 views)."""
-    post_both(flags, rank, target, board, values, rows, src, headers, number, fingerprint)
-    if wait_own(flags, rank, size, target) >= 0:
-        return LATE
-    verdict = rows_verdict(board, values, size)
+    verdict = _posted_verdict(flags, rank, size, target, board, values, rows, src, headers,
+                              number, fingerprint)
     if verdict != DONE:
         return verdict
     return reduce_half(headers, rank, size, rows, dst, op)
