@@ -62,14 +62,7 @@ class Segment:
                 info = None
         info = bcast(info)
         if info is not None and rank != 0:
-            try:
-                f = os.open("/proc/%d/fd/%d" % info, os.O_RDWR)
-                try:
-                    mm = mmap.mmap(f, nbytes)
-                finally:
-                    os.close(f)
-            except OSError:
-                mm = None
+            mm = _mapped(lambda: os.open("/proc/%d/fd/%d" % info, os.O_RDWR), nbytes)
         ok = all_ok(mm is not None)
         if fd is not None:
             os.close(fd)  # every rank holds its own mapping now (or none)
@@ -85,25 +78,13 @@ class Segment:
         flags = os.O_RDWR
         if rank == 0:
             name = f"/pycollective-{os.getpid()}-{secrets.token_hex(6)}"
-            try:
-                fd = _posixshmem.shm_open(name, flags | os.O_CREAT | os.O_EXCL, mode=0o600)
-                try:
-                    os.ftruncate(fd, nbytes)
-                    mm = mmap.mmap(fd, nbytes)
-                finally:
-                    os.close(fd)
-            except OSError:
+            mm = _mapped(lambda: _posixshmem.shm_open(name, flags | os.O_CREAT | os.O_EXCL,
+                                                      mode=0o600), nbytes, size=True)
+            if mm is None:
                 name = None
         name = bcast(name)
         if name is not None and rank != 0:
-            try:
-                fd = _posixshmem.shm_open(name, flags, mode=0o600)
-                try:
-                    mm = mmap.mmap(fd, nbytes)
-                finally:
-                    os.close(fd)
-            except OSError:
-                mm = None
+            mm = _mapped(lambda: _posixshmem.shm_open(name, flags, mode=0o600), nbytes)
         ok = all_ok(mm is not None)
         if rank == 0 and name is not None:
             _posixshmem.shm_unlink(name)  # mapped everywhere (or failed): no name left behind
@@ -111,3 +92,18 @@ class Segment:
             raise OSError("the ranks of this node cannot share memory (neither memfd through "
                           "/proc nor POSIX shared memory worked)")
         return cls(mm, nbytes)
+
+
+def _mapped(open_fd, nbytes, size=False):
+    """``nbytes`` mapped from the descriptor ``open_fd()`` returns (sized first if ``size``),
+    which is closed again; None if the system refuses any of it."""
+    try:
+        fd = open_fd()
+        try:
+            if size:
+                os.ftruncate(fd, nbytes)
+            return mmap.mmap(fd, nbytes)
+        finally:
+            os.close(fd)
+    except OSError:
+        return None
