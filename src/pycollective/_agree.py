@@ -63,6 +63,12 @@ def board(ctx):
     return ctx.cached(_BOARD, _board)
 
 
+def made_board(ctx):
+    """The communicator's agreement board if a call made it already, else None (never
+    collective, unlike :func:`board`)."""
+    return ctx.peek(_BOARD)
+
+
 def agree_max(ctx, values: np.ndarray) -> None:
     """Element-wise MAX of the int64 ``values`` over the ranks of ``ctx``, in place."""
     ctx.cached(_BOARD, _board).max(values)

@@ -22,7 +22,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _choose, _registry, _settings, _watch
-from ._agree import Facts, agree, needs_agreement, run_checked, verdict
+from ._agree import Facts, agree, needs_agreement, verdict
 from ._context import Context, comm_settings, get_context
 from ._errors import CollectiveTimeout, ConfigurationError
 
@@ -193,11 +193,10 @@ def run_remembered(hit) -> None:
     call = enter(ctx, "allreduce", plan.fingerprint, plan.settings, plan.words, plan.tag_offset)
     try:
         values = None
-        if needs_agreement(plan.settings, plan.algo):
+        if plan.agreement:
             values = plan.template.copy()
             values[0], values[1] = call.number, -call.number
-        if not run_algorithm(call, run_checked, ctx, plan.algo, values, hit.src, hit.dst,
-                             plan.kernel):
+        if not run_algorithm(call, plan.run, ctx, call, values, hit.src, hit.dst):
             verdict(ctx, "allreduce", None, plan.facts, values)
     finally:
         leave(call)

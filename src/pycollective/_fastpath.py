@@ -14,13 +14,14 @@ agreeing ranks produce, the full verdict raises the same error as the full
 path would.
 """
 
+import functools
 from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 from mpi4py import MPI
 
 from . import _auto, _settings
-from ._agree import Facts, fact_values
+from ._agree import Facts, fact_values, made_board, needs_agreement, run_checked
 from ._context import Context, Key, find_context
 from ._registry import Algorithm
 
@@ -43,6 +44,8 @@ class Plan(NamedTuple):
     words: np.ndarray                  # the fingerprint as header words
     tag_offset: int                    # added to the algorithm's tags
     epoch: int                         # settings epoch it was resolved in
+    agreement: bool                    # whether the call runs the agreement step
+    run: Callable                      # run(ctx, call, values, src, dst) -> agreed?
 
 
 class Hit(NamedTuple):
@@ -115,6 +118,23 @@ def remember(ctx: Context, algorithm: str, op, timeout, algo: Algorithm, kernel:
         memo = ctx.put(_MEMO, {})
     template = fact_values(ctx.rank, None, facts, 0)  # words 0-1: each call writes its number
     auto = ctx.peek(_auto.KEY) if algorithm == "auto" else None
+    agreement = needs_agreement(call.settings, algo)
     memo[(algorithm, key, dst.dtype, dst.size, timeout)] = Plan(
         algo, kernel, template, facts, auto, call.settings,
-        call.fingerprint, call.fingerprint_words, call.tag_offset, _settings.epoch)
+        call.fingerprint, call.fingerprint_words, call.tag_offset, _settings.epoch,
+        agreement, _prepared(ctx, algo, kernel, dst, agreement))
+
+
+def _prepared(ctx, algo, kernel, dst, agreement):
+    """What a repeated call runs: the algorithm's own preparation (``repeated``) where it
+    has one, else :func:`run_checked` (agreement, then the algorithm)."""
+    if agreement and algo.repeated is not None:
+        board = made_board(ctx)  # the call's agreement made it; None: prepare nothing
+        run = None if board is None else algo.repeated(ctx, dst, kernel, board)
+        if run is not None:
+            return run
+    return functools.partial(_checked, algo, kernel)
+
+
+def _checked(algo, kernel, ctx, call, values, src, dst):
+    return run_checked(ctx, algo, values, src, dst, kernel)

@@ -53,6 +53,13 @@ class Algorithm:
     with the agreement step turned off can skip it safely; for the others the
     agreement runs whatever the setting, since ranks that disagree could
     otherwise return wrong data.
+    ``repeated``, where given with ``agreed``, prepares a repeated call:
+    ``repeated(ctx, dst, kernel, board) -> run or None``, where
+    ``run(ctx, call, values, src, dst)`` does what ``agreed`` does for
+    buffers of ``dst``'s dtype and size, with what ``agreed`` looks up on
+    every call resolved once (:mod:`pycollective._fastpath` keeps it).  It
+    must not be collective to prepare, and must fall back to ``agreed``
+    whenever what it resolved no longer holds.
     ``layout_aware``: its speed depends on how the ranks share nodes, cores
     and links (shared memory inside a node), which the model prices least
     well without a calibration; ``algorithm="auto"`` times it among its
@@ -69,6 +76,7 @@ class Algorithm:
     agreed: Optional[Callable] = None
     verifies_arguments: bool = False
     layout_aware: bool = False
+    repeated: Optional[Callable] = None
 
 
 _ALGORITHMS: Dict[str, Dict[str, Algorithm]] = {}
@@ -104,7 +112,8 @@ def tag_owners() -> Dict[int, str]:
 def register(name: str, run: Callable, summary: str, *, cost: Optional[Callable] = None,
              usable: Optional[UsableFn] = None, tags: Iterable[int] = (),
              collective: str = "allreduce", agreed: Optional[Callable] = None,
-             verifies_arguments: bool = False, layout_aware: bool = False) -> Algorithm:
+             verifies_arguments: bool = False, layout_aware: bool = False,
+             repeated: Optional[Callable] = None) -> Algorithm:
     """Add an algorithm; refuse a name or a message tag already in use.
 
     Args:
@@ -118,10 +127,14 @@ def register(name: str, run: Callable, summary: str, *, cost: Optional[Callable]
         agreed: the algorithm with the agreement folded in (see :class:`Algorithm`).
         verifies_arguments: see :class:`Algorithm`.
         layout_aware: see :class:`Algorithm`.
+        repeated: a repeated call's prepared ``agreed`` (see :class:`Algorithm`).
 
     Raises:
-        ValueError: the name is registered already, or a tag is taken.
+        ValueError: the name is registered already, a tag is taken, or
+            ``repeated`` is given without ``agreed``.
     """
+    if repeated is not None and agreed is None:
+        raise ValueError(f"cannot register {name!r}: repeated prepares agreed, which is not given")
     table = _ALGORITHMS.setdefault(collective, {})
     if name in table or name in ("auto", "all"):
         raise ValueError(f"cannot register {name!r}: the {collective} algorithm {name!r} "
@@ -129,7 +142,7 @@ def register(name: str, run: Callable, summary: str, *, cost: Optional[Callable]
                          f"cannot register {name!r}: the name is reserved")
     algo = Algorithm(name, run, summary, cost, usable or _always,
                      reserve_tags(f"{collective}:{name}", tags), collective, agreed,
-                     bool(verifies_arguments), bool(layout_aware))
+                     bool(verifies_arguments), bool(layout_aware), repeated)
     table[name] = algo
     return algo
 

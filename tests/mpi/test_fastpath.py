@@ -6,6 +6,7 @@ from mpi4py import MPI
 
 import pycollective
 from pycollective import _fastpath
+from pycollective.algorithms import shm
 from pycollective._collectives import DEFAULT
 from pycollective.model.tuning import MAX_TRIALS
 from _data import exact_reduce, exact_values
@@ -102,3 +103,39 @@ def test_ranks_that_agree_but_take_different_paths_give_right_results(count):
         if not np.array_equal(out, expected):
             wrong.append((k, int(np.count_nonzero(out != expected))))
     assert not wrong, wrong
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("count", [300, 3001])  # shm's small path, and its sliced one
+def test_repeated_call_follows_the_slots_when_they_grow(dtype, count):
+    """shm prepares a repeated call once (its ``repeated``: the slot views
+    kept in the plan).  After a larger call grows the slots, results stay right
+    with one rank on the full path in each call, and the prepared call holds
+    the new slots, not the old ones (which it would keep mapped)."""
+    comm = MPI.COMM_WORLD.Dup()
+    try:
+        n, r = comm.Get_size(), comm.Get_rank()
+        wrong = []
+        for k in range(3 + 2 * n):
+            if k == 3:
+                big = np.full(200_000, r + 1, np.float32)  # 800 KB in each half: new slots
+                out = np.empty_like(big)
+                pycollective.allreduce(big, out, "sum", comm=comm, algorithm="shm")
+                assert np.all(out == n * (n + 1) // 2)
+            x = exact_values((r + k) % n, count, dtype, "sum")
+            expected = exact_reduce([exact_values((q + k) % n, count, dtype, "sum")
+                                     for q in range(n)], "sum", dtype)
+            odd = k > 4 and r == k % n
+            out = np.empty(count, dtype)
+            pycollective.allreduce(x.view(_Sub) if odd else x, out.view(_Sub) if odd else out,
+                                   "sum", comm=comm, algorithm="shm")
+            if not np.array_equal(out, expected):
+                wrong.append((k, int(np.count_nonzero(out != expected))))
+            if k == 4:  # every rank ran the prepared call once on the new slots
+                hit = _fastpath.lookup(x, out, "sum", comm, "shm", DEFAULT)
+                slots = hit.ctx.peek(shm._STATE).node
+                assert hit.plan.run.segment is slots.segment
+        assert not wrong, wrong
+    finally:
+        comm.Free()

@@ -77,13 +77,15 @@ def _python_path():
 @contextmanager
 def _python_agreement():
     """"shm"'s agreement for the mid sizes through the board, then the compiled steps
-    (:func:`shm.mid_agreed` stands aside), as for a call whose slots must grow first."""
-    original = shm.mid_agreed
+    (:func:`shm.mid_agreed` stands aside, and so does the repeated call's prepared
+    one), as for a call whose slots must grow first."""
+    original, prepared = shm.mid_agreed, shm._RepeatedMid._resolve
     shm.mid_agreed = lambda *args: None
+    shm._RepeatedMid._resolve = lambda *args: ()
     try:
         yield
     finally:
-        shm.mid_agreed = original
+        shm.mid_agreed, shm._RepeatedMid._resolve = original, prepared
 
 
 def _fresh(world=MPI.COMM_WORLD):

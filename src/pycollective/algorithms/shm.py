@@ -292,17 +292,27 @@ def _small_agreed(node, call, src, dst, values, board):
     # The call's header set: published now (the call's first step, as on the
     # fast path), else earlier in the call and written again alike (auto's
     # trials, whose call agreed first).
-    headers = next(h for h in (publish, checking, group.header_set()) if h is not None)
+    headers = _call_headers(group, publish, checking)
     offset = node.parity * (node.capacity // 2)  # what begin() returns below
+    half = dst.dtype == _F16
+    rows = node.rows(offset, dst.size, np.uint16 if half else dst.dtype)
+    step = _small.agreed_step_half if half else _small.agreed_step
+    return _small_agreed_step(node, call, src, dst, values, board, step, target, rows, headers)
+
+
+def _small_agreed_step(node, call, src, dst, values, board, step, target, rows, headers):
+    """:func:`_small_agreed` once its target, slot rows and header set are known."""
+    group = node.group
     rows_board = group.boards[board.parity]
     board.parity ^= 1
-    half = dst.dtype == _F16
+    half = step is _small.agreed_step_half
     data_src, data_dst = (src.view(np.uint16), dst.view(np.uint16)) if half else (src, dst)
-    rows = node.rows(offset, dst.size, data_dst.dtype)
     op = call.fingerprint[3]
-    step = _small.agreed_step_half if half else _small.agreed_step
     verdict = step(group.barrier.words, group.rank, group.size, target, rows_board, values, rows,
                    data_src, headers, call.number, call.fingerprint_words, data_dst, op)
+    if verdict == _small.DONE:
+        node.begin(dst.nbytes)
+        return True
     if verdict == _small.LATE:
         group.barrier.wait(target)  # a slow rank: wait on with the deadline
         verdict = _small.rows_verdict(rows_board, values, group.size)
@@ -321,6 +331,15 @@ def _small_agreed(node, call, src, dst, values, board):
         group.check(call, headers)  # raises, naming who is in which call
     node.begin(dst.nbytes)
     return True
+
+
+def _call_headers(group, publish, checking):
+    """The header set of the call: the one its step publishes, else the one it checks,
+    else the one published earlier in the call."""
+    if publish is not None:
+        return publish
+    return checking if checking is not None else group.header_set()
+
 
 
 # --- the sliced path (4 KiB - 1 MiB, two alternating regions) in compiled code -----------
@@ -351,12 +370,23 @@ def _mid_data(node, call, src, dst):
 def _mid_args(node, call, offset, src, dst, publish, checking):
     """:func:`._mid.step`'s arguments after the targets: slots, buffers, headers, op."""
     half = dst.dtype == _F16
+    slots = _mid_slots(node, np.dtype(np.uint16) if half else dst.dtype, offset)
+    return _mid_call_args(slots, _slice_bounds(dst.size, node.size), half, call, src, dst,
+                          publish, checking)
+
+
+def _mid_slots(node, dtype, offset):
+    """The step's slot arguments for the region at byte ``offset``: the segment as one
+    array of ``dtype`` (:meth:`SharedSlots.flat`), the slot stride and the region's base."""
+    itemsize = dtype.itemsize
+    return node.flat(dtype), node.capacity // itemsize, offset // itemsize
+
+
+def _mid_call_args(slots, bounds, half, call, src, dst, publish, checking):
     if half:
         src, dst = src.view(np.uint16), dst.view(np.uint16)
-    flat = node.flat(dst.dtype)
-    itemsize = dst.itemsize
-    return (flat, node.capacity // itemsize, offset // itemsize, src, dst,
-            _slice_bounds(dst.size, node.size),
+    flat, stride, base = slots
+    return (flat, stride, base, src, dst, bounds,
             _NO_HEADERS if publish is None else publish, call.number, call.fingerprint_words,
             _NO_HEADERS if checking is None else checking,
             call.fingerprint[3] + (_mid.HALF if half else 0))
@@ -391,17 +421,21 @@ def mid_agreed(state, call, src, dst, values, board):
     second, _, _ = group.compiled_step(call, check=True)
     # The call's header set, written and compared here (as in _small_agreed):
     # published now, else earlier in the call (auto's trials agree first).
-    headers = publish if publish is not None else checking
-    if headers is None:
-        headers = group.header_set()
-    rows = group.boards[board.parity]
-    board.parity ^= 1
+    headers = _call_headers(group, publish, checking)
     # The region node.begin will hand out; it takes it (flips the parity)
     # only once the ranks are known to agree, so that after a disagreement
     # (a ValueError on every rank, the communicator still usable) every rank
     # still agrees on the parity.
     offset = node.parity * (node.capacity // 2)
     args = _mid_args(node, call, offset, src, dst, headers, headers)
+    return _mid_agreed_step(node, call, dst.nbytes, values, board, first, second, args, headers)
+
+
+def _mid_agreed_step(node, call, nbytes, values, board, first, second, args, headers):
+    """:func:`mid_agreed` once its targets and :func:`._mid.step`'s arguments are known."""
+    group = node.group
+    rows = group.boards[board.parity]
+    board.parity ^= 1
     words = group.barrier.words
     verdict, phase = _mid.agreed_step(words, group.rank, group.size, first, second, rows, values,
                                       *args)
@@ -412,7 +446,7 @@ def mid_agreed(state, call, src, dst, values, board):
     if verdict == _mid.DISAGREE:
         np.max(rows[:, :values.size], axis=0, out=values)
         return False
-    node.begin(dst.nbytes)  # the call proceeds: its region is taken
+    node.begin(nbytes)  # the call proceeds: its region is taken
     if verdict == _mid.UNFOLDED:
         # A rank agreed through the board alone: it copies in before its next
         # sync, the second target here.  Follow its steps from the copy-in
@@ -437,6 +471,102 @@ def _slice_bounds(count, size):
     return bounds
 
 
+class _Repeated:
+    """:func:`shm_agreed` for the repeated calls of one dtype and size (the registry's
+    ``repeated``; :mod:`pycollective._fastpath` keeps it in the call's plan).
+
+    What :func:`_small_agreed` and :func:`mid_agreed` look up on every call
+    (the state, the slot views of both regions, the compiled step and its
+    arguments) is resolved once; a call does their bookkeeping and the
+    compiled step, nothing else in Python.  Until the slots exist, and
+    whenever they changed since (grown by a larger call, freed), it resolves
+    again; where its path cannot run it runs :func:`shm_agreed`.
+    """
+
+    def __init__(self, ctx, dst, kernel, board):
+        self.ctx, self.count, self.kernel, self.board = ctx, dst.size, kernel, board
+        self.half = dst.dtype == _F16
+        self.dtype = np.dtype(np.uint16) if self.half else dst.dtype
+        self.node = self.segment = None
+        self.views = ()
+
+    def _resolve(self, state, call, dst):
+        """The views of both regions, or () where this path cannot run."""
+        raise NotImplementedError
+
+    def _run(self, node, call, values, src, dst):
+        raise NotImplementedError
+
+    def __call__(self, ctx, call, values, src, dst):
+        node = self.node
+        if node is None or node.segment is not self.segment:
+            self.node, self.segment, self.views = None, None, ()  # drop the old slots' views
+            state = ctx.peek(_STATE)
+            views = () if state is None else self._resolve(state, call, dst)
+            if not views:
+                return shm_agreed(ctx, src, dst, self.kernel, values, self.board)
+            node = state.node
+            self.node, self.segment, self.views = node, node.segment, views
+        return self._run(node, call, values, src, dst)
+
+
+class _RepeatedSmall(_Repeated):
+    """:func:`_small_agreed`, prepared: ``views`` are both regions' slot rows."""
+
+    def __init__(self, ctx, dst, kernel, board):
+        super().__init__(ctx, dst, kernel, board)
+        self.step = _small.agreed_step_half if self.half else _small.agreed_step
+
+    def _resolve(self, state, call, dst):
+        if not _compiled(state, call, dst, self.board):
+            return ()
+        node = state.node
+        half_capacity = node.capacity // 2  # the two regions begin() alternates
+        return tuple(node.rows(p * half_capacity, self.count, self.dtype) for p in (0, 1))
+
+    def _run(self, node, call, values, src, dst):
+        target, publish, checking = node.group.compiled_step(call, check=True)
+        headers = _call_headers(node.group, publish, checking)
+        return _small_agreed_step(node, call, src, dst, values, self.board, self.step, target,
+                                  self.views[node.parity], headers)
+
+
+class _RepeatedMid(_Repeated):
+    """:func:`mid_agreed`, prepared: ``views`` are both regions' :func:`_mid_slots`."""
+
+    def __init__(self, ctx, dst, kernel, board):
+        super().__init__(ctx, dst, kernel, board)
+        self.nbytes = dst.nbytes
+        self.bounds = None
+
+    def _resolve(self, state, call, dst):
+        node = state.node
+        if (state.error is not None or not _mid_compiled(node, call, dst)
+                or getattr(self.board, "group", None) is not node.group):
+            return ()
+        self.bounds = _slice_bounds(self.count, node.size)
+        return tuple(_mid_slots(node, self.dtype, p * (node.capacity // 2)) for p in (0, 1))
+
+    def _run(self, node, call, values, src, dst):
+        group = node.group
+        first, publish, checking = group.compiled_step(call, check=True)
+        second, _, _ = group.compiled_step(call, check=True)
+        headers = _call_headers(group, publish, checking)
+        args = _mid_call_args(self.views[node.parity], self.bounds, self.half, call, src, dst,
+                              headers, headers)
+        return _mid_agreed_step(node, call, self.nbytes, values, self.board, first, second,
+                                args, headers)
+
+
+def shm_repeated(ctx, dst, kernel, board):
+    """The registry's ``repeated``: a prepared small or sliced path, else None."""
+    if dst.dtype not in _COMPILED or dst.nbytes > DOUBLE_LIMIT:
+        return None
+    if dst.nbytes <= _REPLICATE_BYTES:
+        return _RepeatedSmall(ctx, dst, kernel, board)
+    return _RepeatedMid(ctx, dst, kernel, board)
+
+
 def shm_cost(nranks, count, itemsize, alpha, beta, gamma):
     """α-β-γ time of :func:`shm_allreduce` (see the essay above)."""
     nbytes = count * itemsize
@@ -451,4 +581,4 @@ def shm_cost(nranks, count, itemsize, alpha, beta, gamma):
 register("shm", shm_allreduce,
          "one node: ranks reduce their slice straight from the others' shared-memory slots",
          cost=shm_cost, usable=on_one_node, agreed=shm_agreed, verifies_arguments=True,
-         layout_aware=True)
+         layout_aware=True, repeated=shm_repeated)
