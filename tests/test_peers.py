@@ -160,3 +160,53 @@ def test_targets_are_judged_by_size_class_with_the_memory_floor(tmp_path):
     ("torch 2.13.0+cpu Gloo", "torch Gloo 2.13.0+cpu")])
 def test_library_names(text, short):
     assert compare.short_library(text) == short
+
+
+class _Settling:
+    """A one-rank backend that settles after ``after`` calls (as auto decides a size)."""
+
+    rank, nranks = 0, 1
+
+    def __init__(self, after):
+        self.after, self.calls = after, 0
+
+    def buffers(self, x):
+        self.x, self.out = x, np.empty_like(x)
+
+    def prepare(self):
+        self.out.fill(np.nan)
+
+    def barrier(self):
+        pass
+
+    def call(self):
+        self.calls += 1
+        self.out[...] = self.x
+
+    def result(self):
+        return self.out
+
+    def input_intact(self):
+        return True
+
+    def settled(self):
+        return self.calls >= self.after
+
+    def pick(self):
+        return "shm" if self.settled() else ""
+
+    def reduce(self, values, op):
+        return np.asarray(values, np.float64)
+
+
+@pytest.mark.parametrize("after, settling", [(0, 0), (2, 0), (7, 5), (10 ** 6, point.SETTLE_CALLS)])
+def test_a_size_is_timed_once_the_backend_settled(after, settling):
+    """auto's tuning trials are warm-up, not timed: extra checked warm-up calls until the
+    backend says it settled (bounded), then the timed ones; the row says how many and
+    what auto picked."""
+    be = _Settling(after)
+    row = point.measure(be, 5, iters=4, warmup=2, budget=None, min_iters=1)
+    assert row["settling"] == settling
+    assert be.calls == 2 + settling + 4
+    assert row["wrong"] == 0 and len(row["times"]) == 4
+    assert row["pick"] == ("shm" if after <= 2 + settling else "")

@@ -19,16 +19,21 @@ How the comparison is interleaved, exactly:
   and per round (each contender goes first, and last, equally often);
 * one launch gives, per size, the median over its repetitions of the
   slowest rank's time per call (Barrier, ``perf_counter`` around one call,
-  MAX over ranks): ``point.py`` for the peers, ``python -m pycollective.bench``
-  for pycollective (every algorithm and ``auto``, beside MPICH's native call
-  in the same repetitions) -- the same measurement;
+  MAX over ranks), all by ``point.py``'s loop: the peers' libraries, and
+  pycollective's algorithms and ``auto`` one after another (``auto`` once
+  it has decided the size);
+* ``pycollective-bench`` also runs ``python -m pycollective.bench`` (every
+  algorithm and ``auto`` beside MPICH's native call in the same repetitions,
+  checked bit for bit against it): the report's same-run table.  Its loop
+  differs (native and every case take turns call by call, with CRCs between
+  calls), and with more ranks than cores it timed every case, native
+  MPICH's too, up to twice as long as ``point.py`` did at 1e5-1e6 floats,
+  so the main table takes ``point.py``'s times only;
 * a size's number is the median over rounds of those per-launch medians; the
   spread is (max - min) / median over rounds;
-* a launch's row counts only if its result was checked and right: the peers
-  against a float64 reference element by element (``point.py``), pycollective
-  bit for bit against MPICH's native result on exact data (the bench), and
-  MPICH's native result is itself one of the peers checked against the
-  float64 reference in its own launches;
+* a launch's row counts only if its result was checked and right: against
+  a float64 reference element by element (``point.py``), or bit for bit
+  against MPICH's native result on exact data (the bench);
 * "pycollective best" is, per (N, size), the algorithm with the lowest
   median over rounds (chosen after the fact, so slightly flattered by noise
   when several algorithms are close); "pycollective auto" is
@@ -82,16 +87,16 @@ class Contender:
 
 
 CONTENDERS = {c.key: c for c in [
-    Contender("pycollective", "mpich", "bench", "pycollective (MPICH)"),
+    Contender("pycollective", "mpich", "pycollective", "pycollective (MPICH)"),
     Contender("mpich", "mpich", "mpi", "MPICH"),
     Contender("openmpi", "openmpi", "mpi", "Open MPI"),
     Contender("impi", "impi", "mpi", "Intel MPI"),
     Contender("gloo", "gloo", "gloo", "torch Gloo"),
-    Contender("pycollective-loop", "mpich", "pycollective", "pycollective (MPICH), plain loop"),
+    Contender("pycollective-bench", "mpich", "bench", "pycollective (MPICH), bench"),
     Contender("pycollective-openmpi", "openmpi", "bench", "pycollective (Open MPI)"),
     Contender("pycollective-impi", "impi", "bench", "pycollective (Intel MPI)"),
 ]}
-DEFAULT_CONTENDERS = ["pycollective", "mpich", "openmpi", "impi", "gloo"]
+DEFAULT_CONTENDERS = ["pycollective", "pycollective-bench", "mpich", "openmpi", "impi", "gloo"]
 PEERS = ("mpich", "openmpi", "impi", "gloo")  # the columns "fastest peer" is taken over
 
 # Buffers of M float32 per rank that one point may hold at once: the bench
@@ -285,7 +290,8 @@ def rows_of(contender, json_path, counts):
         for r in data["rows"]:
             ok = not r["wrong"] and r["input_intact"] and r["time"] is not None
             series = f"{contender.key}:{r['algorithm']}" if "algorithm" in r else contender.key
-            out.append((series, r["count"], r["time"], r["iters"], ok, r["wrong"], "", ""))
+            out.append((series, r["count"], r["time"], r["iters"], ok, r["wrong"],
+                        r.get("pick", ""), ""))
     return out, library
 
 
@@ -594,17 +600,13 @@ def _with_pick(auto):
 def same_launch_tables(summary, libraries):
     """Per pycollective contender: best, auto and the library's native call from the same launches."""
     lines = []
-    for key in [k for k in CONTENDERS if CONTENDERS[k].kind in ("bench", "pycollective")]:
+    for key in [k for k in CONTENDERS if CONTENDERS[k].kind == "bench"]:
         points = sorted({(n, c) for (s, n, c) in summary if s.startswith(key + ":")})
         if not points:
             continue
         lib = short_library(libraries.get(key, "")) or CONTENDERS[key].label
         lines += ["", f"pycollective on {lib} beside {lib}'s own `MPI_Allreduce` timed in the same "
                   "repetitions (`python -m pycollective.bench`): the same-run ratio.", ""]
-        if CONTENDERS[key].kind == "pycollective":
-            lines[-2] = (f"pycollective on {lib} timed by the peers' loop (`point.py "
-                         "pycollective`: each algorithm's repetitions back to back, not "
-                         "interleaved with other calls), for comparison with the bench's rows.")
         lines += [
                   "| N | M | best | auto (its pick) | native | native / best |",
                   "|---|---|---|---|---|---|"]
@@ -721,7 +723,8 @@ def main(argv=None):
         py = env_python(args.venvs, CONTENDERS[key])
         if not py.exists():
             raise SystemExit(f"{key}: no environment at {py.parent.parent} (run.sh makes it)")
-    if any(CONTENDERS[k].kind == "bench" for k in args.contenders) and args.algorithms is None:
+    if any(CONTENDERS[k].kind in ("bench", "pycollective") for k in args.contenders) \
+            and args.algorithms is None:
         args.algorithms = registered_algorithms(args.venvs)
     args.algorithms = args.algorithms or []
     stamp = time.strftime("%Y-%m-%dT%H%MZ", time.gmtime())

@@ -7,11 +7,16 @@
 environment (MPICH, Open MPI, Intel MPI); ``pycollective`` times
 ``pycollective.allreduce`` on it (``--algorithms``); ``gloo`` times
 ``torch.distributed.all_reduce`` on the Gloo backend (CPU tensors).  All are
-timed by the same loop, the same way ``python -m pycollective.bench`` times
-pycollective, so the rows of every contender mean the same thing:
+timed by the same loop, so the rows of every contender mean the same thing
+(``python -m pycollective.bench`` times differently: it interleaves every
+case with native MPI call by call and computes CRCs between calls, which
+with more ranks than cores doubled every case's time at 1e6 floats, native
+MPICH's included; docs/results/2026-12-01-loops.md):
 
-* per size: ``--warmup`` untimed calls, then repetitions of: prepare the
-  buffers (outside the timing), barrier, ``perf_counter`` around one call;
+* per size: ``--warmup`` untimed calls (for pycollective's ``auto``, more
+  until it has decided the size: its first calls are timed trials of its
+  candidates), then repetitions of: prepare the buffers (outside the
+  timing), barrier, ``perf_counter`` around one call;
 * the repetitions are ``--iters``, or fewer when ``--budget`` is set: as many
   as fit in that many seconds judged from the warm-up (never fewer than
   ``--min-iters``), agreed across ranks;
@@ -52,6 +57,7 @@ import numpy as np
 
 BLOCK = 1 << 20  # elements per block when generating data (bounds temporaries)
 SCHEMA = "pycollective-peers-point/1"
+SETTLE_CALLS = 100  # at most this many extra warm-up calls until a backend has settled
 
 
 # --- data and reference -----------------------------------------------------
@@ -137,6 +143,13 @@ class MpiBackend:
     def barrier(self):
         self.comm.Barrier()
 
+    def settled(self):
+        """Whether the calls of this size are what later calls will be (see pycollective's)."""
+        return True
+
+    def pick(self):
+        return ""
+
     def reduce(self, values, op):
         values = np.ascontiguousarray(values, dtype=np.float64)
         out = np.empty_like(values)
@@ -193,6 +206,12 @@ class GlooBackend:
     def barrier(self):
         self.dist.barrier()
 
+    def settled(self):
+        return True
+
+    def pick(self):
+        return ""
+
     def reduce(self, values, op):
         t = self.torch.tensor(np.asarray(values, dtype=np.float64))
         self.dist.all_reduce(t, op={"max": self.dist.ReduceOp.MAX,
@@ -207,8 +226,7 @@ class PycollectiveBackend(MpiBackend):
     """``pycollective.allreduce(x, out, "sum", algorithm=...)`` out of place, on mpi4py.
 
     The same loop as the peers, one algorithm after another at each size
-    (``--algorithms``), for comparing with how ``python -m pycollective.bench``
-    times them (interleaved with each other and with native MPI).
+    (``--algorithms``).
     """
 
     name = "pycollective"
@@ -223,6 +241,22 @@ class PycollectiveBackend(MpiBackend):
     def call(self):
         self.pycollective.allreduce(self.x, self.out, "sum", comm=self.comm,
                                     algorithm=self.algorithm)
+
+    def _decision(self):
+        # auto's tuning state (internal): its decision for this size, or None.
+        from pycollective import _auto, _context
+        ctx = _context.find_context(self.comm)
+        state = None if ctx is None else ctx.peek(_auto.KEY)
+        return None if state is None else state.decision(self.x.size, self.x.dtype, "sum")
+
+    def settled(self):
+        """``auto`` has decided this size: its first calls of a size are timed trials of
+        its candidates (at most 40, docs/cost-model.md), not what a training step costs."""
+        return self.algorithm != "auto" or self._decision() is not None
+
+    def pick(self):
+        decision = self._decision() if self.algorithm == "auto" else None
+        return "" if decision is None else decision.algorithm
 
 
 BACKENDS = {"mpi": MpiBackend, "gloo": GlooBackend, "pycollective": PycollectiveBackend}
@@ -250,6 +284,10 @@ def measure(be, count, *, iters, warmup, budget, min_iters):
         return seconds
 
     spent = sum(one() for _ in range(warmup))
+    settling = 0  # more warm-up calls (checked alike) until the backend has settled
+    while settling < SETTLE_CALLS and be.reduce([0 if be.settled() else 1], "max")[0]:
+        one()
+        settling += 1
     if budget is not None and warmup > 0:
         per_call = be.reduce([spent / warmup], "max")[0]
         if per_call > 0:
@@ -261,7 +299,8 @@ def measure(be, count, *, iters, warmup, budget, min_iters):
     median = statistics.median(times) if iters else None
     nbytes = count * 4
     factor = 2 * (be.nranks - 1) / be.nranks
-    return dict(count=count, bytes=nbytes, iters=iters, warmup=warmup,
+    return dict(count=count, bytes=nbytes, iters=iters, warmup=warmup, settling=settling,
+                pick=be.pick(),
                 times=[float(t) for t in times], time=median,
                 busbw=(nbytes / median * factor / 1e9) if median else None,
                 wrong=int(wrong), maxerr=float(err), input_intact=bool(changed == 0))
