@@ -80,14 +80,15 @@ class Segment:
             name = f"/pycollective-{os.getpid()}-{secrets.token_hex(6)}"
             mm = _mapped(lambda: _posixshmem.shm_open(name, flags | os.O_CREAT | os.O_EXCL,
                                                       mode=0o600), nbytes, size=True)
-            if mm is None:
+            if mm is None:  # created but not sized or mapped (a full /dev/shm): remove it
+                _unlink(_posixshmem, name)
                 name = None
         name = bcast(name)
         if name is not None and rank != 0:
             mm = _mapped(lambda: _posixshmem.shm_open(name, flags, mode=0o600), nbytes)
         ok = all_ok(mm is not None)
         if rank == 0 and name is not None:
-            _posixshmem.shm_unlink(name)  # mapped everywhere (or failed): no name left behind
+            _unlink(_posixshmem, name)  # mapped everywhere (or failed): no name left behind
         if not ok:
             raise OSError("the ranks of this node cannot share memory (neither memfd through "
                           "/proc nor POSIX shared memory worked)")
@@ -107,3 +108,11 @@ def _mapped(open_fd, nbytes, size=False):
             os.close(fd)
     except OSError:
         return None
+
+
+def _unlink(posixshmem, name):
+    """Remove the shared-memory object ``name``; one that was never created is no error."""
+    try:
+        posixshmem.shm_unlink(name)
+    except FileNotFoundError:
+        pass
