@@ -43,6 +43,13 @@ def test_reserved_names_are_refused(name):
         _registry.register(name, lambda *a: None, "no")
 
 
+def test_repeated_without_agreed_is_refused():
+    """``repeated`` prepares ``agreed`` for a repeated call, so it needs one."""
+    with pytest.raises(ValueError, match="agreed"):
+        _registry.register("zz_prepared", lambda *a: None, "no", repeated=lambda *a: None)
+    assert "zz_prepared" not in _registry.names()
+
+
 def test_every_algorithm_declares_its_tags_and_no_tag_is_shared():
     owners = _registry.tag_owners()
     for name in pycollective.algorithms():
