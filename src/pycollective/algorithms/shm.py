@@ -341,7 +341,6 @@ def _call_headers(group, publish, checking):
     return checking if checking is not None else group.header_set()
 
 
-
 # --- the sliced path (4 KiB - 1 MiB, two alternating regions) in compiled code -----------
 
 def _mid_compiled(node, call, dst):
@@ -412,10 +411,9 @@ def mid_agreed(state, call, src, dst, values, board):
     the same call decide alike, and ranks that disagree meet at the first
     target whichever of the small, this or the Python agreement they take.
     """
-    node = state.node
-    if (state.error is not None or not _mid_compiled(node, call, dst)
-            or getattr(board, "group", None) is not node.group):
+    if not _mid_agreed_runs(state, call, dst, board):
         return None
+    node = state.node
     group = node.group
     first, publish, checking = group.compiled_step(call, check=True)
     second, _, _ = group.compiled_step(call, check=True)
@@ -429,6 +427,13 @@ def mid_agreed(state, call, src, dst, values, board):
     offset = node.parity * (node.capacity // 2)
     args = _mid_args(node, call, offset, src, dst, headers, headers)
     return _mid_agreed_step(node, call, dst.nbytes, values, board, first, second, args, headers)
+
+
+def _mid_agreed_runs(state, call, dst, board):
+    """Whether :func:`mid_agreed` runs this call (the same on every rank that makes it)."""
+    node = state.node
+    return (state.error is None and _mid_compiled(node, call, dst)
+            and getattr(board, "group", None) is node.group)
 
 
 def _mid_agreed_step(node, call, nbytes, values, board, first, second, args, headers):
@@ -502,7 +507,7 @@ class _Repeated:
         if node is None or node.segment is not self.segment:
             self.node, self.segment, self.views = None, None, ()  # drop the old slots' views
             state = ctx.peek(_STATE)
-            views = () if state is None else self._resolve(state, call, dst)
+            views = () if state is None or state.node is None else self._resolve(state, call, dst)
             if not views:
                 return shm_agreed(ctx, src, dst, self.kernel, values, self.board)
             node = state.node
@@ -540,10 +545,9 @@ class _RepeatedMid(_Repeated):
         self.bounds = None
 
     def _resolve(self, state, call, dst):
-        node = state.node
-        if (state.error is not None or not _mid_compiled(node, call, dst)
-                or getattr(self.board, "group", None) is not node.group):
+        if not _mid_agreed_runs(state, call, dst, self.board):
             return ()
+        node = state.node
         self.bounds = _slice_bounds(self.count, node.size)
         return tuple(_mid_slots(node, self.dtype, p * (node.capacity // 2)) for p in (0, 1))
 
