@@ -156,7 +156,6 @@ class Context:
             self.comm = MPI.COMM_NULL
         _LIVE.pop(id(self), None)
 
-
     def _drain(self):
         """Receive what arrived on the private communicator and nobody took.
 

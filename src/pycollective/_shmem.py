@@ -282,19 +282,29 @@ class SharedMax:
         self.group = group
         self.parity = 0
 
+    def take(self):
+        """The board of this MAX (they alternate); the next MAX takes the other.  Compiled
+        steps that post their row with their data take it here too (``algorithms/shm.py``)."""
+        board = self.group.boards[self.parity]
+        self.parity ^= 1
+        return board
+
+    @staticmethod
+    def fold(board, values):
+        """``values`` = the element-wise max of every rank's row of ``board``."""
+        np.max(board[:, :values.size], axis=0, out=values)
+
     def max(self, values):
         """Replace ``values`` (at most WIDTH int64) by its element-wise max over the ranks."""
         group = self.group
-        board = group.boards[self.parity]
-        self.parity ^= 1
+        board = self.take()
         k = values.size
         mine = board[group.rank]
         mine[:k] = values
         mine[k:] = 0
         group.sync(check=False)
-        rows = board[:, :k]
-        if rows.tobytes() != values.tobytes() * group.size:
-            np.max(rows, axis=0, out=values)
+        if board[:, :k].tobytes() != values.tobytes() * group.size:
+            self.fold(board, values)
 
 
 # --- slots for data ---------------------------------------------------------------------------

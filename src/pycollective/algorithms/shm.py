@@ -287,12 +287,7 @@ def _small_agreed(node, call, src, dst, values, board):
     next.  Writing the region early is safe: its last readers finished the
     call before last, since every rank entered the last call's sync.
     """
-    group = node.group
-    target, publish, checking = group.compiled_step(call, check=True)
-    # The call's header set: published now (the call's first step, as on the
-    # fast path), else earlier in the call and written again alike (auto's
-    # trials, whose call agreed first).
-    headers = _call_headers(group, publish, checking)
+    target, headers = _folded_step(node.group, call)
     offset = node.parity * (node.capacity // 2)  # what begin() returns below
     half = dst.dtype == _F16
     rows = node.rows(offset, dst.size, np.uint16 if half else dst.dtype)
@@ -303,8 +298,7 @@ def _small_agreed(node, call, src, dst, values, board):
 def _small_agreed_step(node, call, src, dst, values, board, step, target, rows, headers):
     """:func:`_small_agreed` once its target, slot rows and header set are known."""
     group = node.group
-    rows_board = group.boards[board.parity]
-    board.parity ^= 1
+    rows_board = board.take()
     half = step is _small.agreed_step_half
     data_src, data_dst = (src.view(np.uint16), dst.view(np.uint16)) if half else (src, dst)
     op = call.fingerprint[3]
@@ -320,7 +314,7 @@ def _small_agreed_step(node, call, src, dst, values, board, step, target, rows, 
             reduce = _small.reduce_half if half else _small.reduce
             verdict = reduce(headers, group.rank, group.size, rows, data_dst, op)
     if verdict == _small.DISAGREE:
-        np.max(rows_board[:, :values.size], axis=0, out=values)
+        board.fold(rows_board, values)
         return False
     if verdict == _small.UNFOLDED:
         # A rank agreed through the board alone and posts its data before its
@@ -333,12 +327,17 @@ def _small_agreed_step(node, call, src, dst, values, board, step, target, rows, 
     return True
 
 
-def _call_headers(group, publish, checking):
-    """The header set of the call: the one its step publishes, else the one it checks,
-    else the one published earlier in the call."""
+def _folded_step(group, call):
+    """The target and the call's header set of a step that folds the agreement in.
+
+    The header set is the one published now (the call's first step, as on
+    the fast path), else the one published earlier in the call and written
+    again alike (auto's trials, whose call agreed first).
+    """
+    target, publish, checking = group.compiled_step(call, check=True)
     if publish is not None:
-        return publish
-    return checking if checking is not None else group.header_set()
+        return target, publish
+    return target, checking if checking is not None else group.header_set()
 
 
 # --- the sliced path (4 KiB - 1 MiB, two alternating regions) in compiled code -----------
@@ -415,11 +414,8 @@ def mid_agreed(state, call, src, dst, values, board):
         return None
     node = state.node
     group = node.group
-    first, publish, checking = group.compiled_step(call, check=True)
+    first, headers = _folded_step(group, call)
     second, _, _ = group.compiled_step(call, check=True)
-    # The call's header set, written and compared here (as in _small_agreed):
-    # published now, else earlier in the call (auto's trials agree first).
-    headers = _call_headers(group, publish, checking)
     # The region node.begin will hand out; it takes it (flips the parity)
     # only once the ranks are known to agree, so that after a disagreement
     # (a ValueError on every rank, the communicator still usable) every rank
@@ -439,8 +435,7 @@ def _mid_agreed_runs(state, call, dst, board):
 def _mid_agreed_step(node, call, nbytes, values, board, first, second, args, headers):
     """:func:`mid_agreed` once its targets and :func:`._mid.step`'s arguments are known."""
     group = node.group
-    rows = group.boards[board.parity]
-    board.parity ^= 1
+    rows = board.take()
     words = group.barrier.words
     verdict, phase = _mid.agreed_step(words, group.rank, group.size, first, second, rows, values,
                                       *args)
@@ -449,7 +444,7 @@ def _mid_agreed_step(node, call, nbytes, values, board, first, second, args, hea
         group.barrier.wait(first)  # a slow rank: wait on with the deadline
         verdict = _small.rows_verdict(rows, values, group.size)
     if verdict == _mid.DISAGREE:
-        np.max(rows[:, :values.size], axis=0, out=values)
+        board.fold(rows, values)
         return False
     node.begin(nbytes)  # the call proceeds: its region is taken
     if verdict == _mid.UNFOLDED:
@@ -530,8 +525,7 @@ class _RepeatedSmall(_Repeated):
         return tuple(node.rows(p * half_capacity, self.count, self.dtype) for p in (0, 1))
 
     def _run(self, node, call, values, src, dst):
-        target, publish, checking = node.group.compiled_step(call, check=True)
-        headers = _call_headers(node.group, publish, checking)
+        target, headers = _folded_step(node.group, call)
         return _small_agreed_step(node, call, src, dst, values, self.board, self.step, target,
                                   self.views[node.parity], headers)
 
@@ -553,9 +547,8 @@ class _RepeatedMid(_Repeated):
 
     def _run(self, node, call, values, src, dst):
         group = node.group
-        first, publish, checking = group.compiled_step(call, check=True)
+        first, headers = _folded_step(group, call)
         second, _, _ = group.compiled_step(call, check=True)
-        headers = _call_headers(group, publish, checking)
         args = _mid_call_args(self.views[node.parity], self.bounds, self.half, call, src, dst,
                               headers, headers)
         return _mid_agreed_step(node, call, self.nbytes, values, self.board, first, second,
