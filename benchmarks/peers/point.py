@@ -109,7 +109,19 @@ def wrong_elements(result, expected):
 
 # --- backends: what differs between the libraries ---------------------------
 
-class MpiBackend:
+class Backend:
+    """What the loop asks every backend besides its calls (defaults: nothing to settle)."""
+
+    def settled(self):
+        """Whether this size's calls are what later calls will be (see pycollective's)."""
+        return True
+
+    def pick(self):
+        """The algorithm the library chose for this size, where it says ("" if not)."""
+        return ""
+
+
+class MpiBackend(Backend):
     """``comm.Allreduce`` out of place, through mpi4py."""
 
     name = "mpi"
@@ -143,13 +155,6 @@ class MpiBackend:
     def barrier(self):
         self.comm.Barrier()
 
-    def settled(self):
-        """Whether the calls of this size are what later calls will be (see pycollective's)."""
-        return True
-
-    def pick(self):
-        return ""
-
     def reduce(self, values, op):
         values = np.ascontiguousarray(values, dtype=np.float64)
         out = np.empty_like(values)
@@ -160,7 +165,7 @@ class MpiBackend:
         pass
 
 
-class GlooBackend:
+class GlooBackend(Backend):
     """``torch.distributed.all_reduce`` on the Gloo backend, in place on a CPU tensor.
 
     Rank and size come from torchrun (RANK, WORLD_SIZE, MASTER_ADDR,
@@ -205,12 +210,6 @@ class GlooBackend:
 
     def barrier(self):
         self.dist.barrier()
-
-    def settled(self):
-        return True
-
-    def pick(self):
-        return ""
 
     def reduce(self, values, op):
         t = self.torch.tensor(np.asarray(values, dtype=np.float64))
