@@ -77,15 +77,14 @@ def _python_path():
 @contextmanager
 def _python_agreement():
     """"shm"'s agreement for the mid sizes through the board, then the compiled steps
-    (:func:`shm.mid_agreed` stands aside, and so does the repeated call's prepared
-    one), as for a call whose slots must grow first."""
-    original, prepared = shm.mid_agreed, shm._RepeatedMid._resolve
-    shm.mid_agreed = lambda *args: None
-    shm._RepeatedMid._resolve = lambda *args: ()
+    (:func:`shm.mid_agreed` and the repeated call's prepared one stand aside: their
+    one gate says no), as for a call whose slots must grow first."""
+    original = shm._mid_agreed_runs
+    shm._mid_agreed_runs = lambda *args: False
     try:
         yield
     finally:
-        shm.mid_agreed, shm._RepeatedMid._resolve = original, prepared
+        shm._mid_agreed_runs = original
 
 
 def _fresh(world=MPI.COMM_WORLD):
