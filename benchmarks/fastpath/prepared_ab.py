@@ -42,11 +42,12 @@ def main(argv=None):
         hit = _fastpath.lookup(x, out, "sum", comm, "shm", DEFAULT)
         if hit is None:
             raise SystemExit(f"{count}: the call did not reach the fast path")
-        memo = hit.ctx.peek(_fastpath._MEMO)
-        key = next(k for k, v in memo.items() if v is hit.plan)
-        plans = {"prepared": hit.plan,
-                 "generic": hit.plan._replace(run=functools.partial(
-                     _fastpath._checked, hit.plan.algo, hit.plan.kernel))}
+        ctx, plan, _, _ = hit
+        memo = ctx.peek(_fastpath._MEMO)
+        key = next(k for k, v in memo.items() if v is plan)
+        plans = {"prepared": plan,
+                 "generic": plan._replace(run=functools.partial(
+                     _fastpath._checked, plan.algo, plan.kernel))}
         times = {name: [] for name in plans}
         for b in range(2 * args.batches):
             order = list(plans) if b % 2 == 0 else list(plans)[::-1]

@@ -59,7 +59,9 @@ def enter(ctx: Context, what: str, fp: tuple, settings: _settings.Settings,
     if ctx.broken is not None:
         raise _watch.broken_error(ctx, what)
     limit = settings.timeout
-    if not ctx.lock.acquire(timeout=-1 if limit is None else limit):
+    # Uncontended (the usual case) without the timed acquire's 0.2 us.
+    if not ctx.lock.acquire(False) and not ctx.lock.acquire(
+            timeout=-1 if limit is None else limit):
         raise CollectiveTimeout(
             f"{what} on {ctx.label}: another thread's collective on this communicator did "
             f"not finish within {limit:g} s (calls on one communicator are serialised)",
@@ -187,16 +189,16 @@ def comm_shape(comm):
     return resolved.Get_size(), resolved.Get_rank()
 
 
-def run_remembered(hit) -> None:
-    """An allreduce of a shape :mod:`._fastpath` remembers: its plan, its agreement, its run."""
-    plan, ctx = hit.plan, hit.ctx
+def run_remembered(ctx, plan, src, dst) -> None:
+    """An allreduce of a shape :mod:`._fastpath` remembers (what its ``lookup`` returned):
+    its plan, its agreement, its run."""
     call = enter(ctx, "allreduce", plan.fingerprint, plan.settings, plan.words, plan.tag_offset)
     try:
         values = None
         if plan.agreement:
             values = plan.template.copy()
             values[0], values[1] = call.number, -call.number
-        if not run_algorithm(call, plan.run, ctx, call, values, hit.src, hit.dst):
+        if not run_algorithm(call, plan.run, ctx, call, values, src, dst):
             verdict(ctx, "allreduce", None, plan.facts, values)
     finally:
         leave(call)

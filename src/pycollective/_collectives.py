@@ -237,7 +237,7 @@ def allreduce(sendbuf, recvbuf, op=MPI.SUM, *, comm=None, algorithm: str = "auto
                                       algorithm=algorithm, timeout=timeout)
     hit = _fastpath.lookup(sendbuf, recvbuf, op, comm, algorithm, timeout)
     if hit is not None:
-        run_remembered(hit)
+        run_remembered(*hit)
         return recvbuf
     reason = _buffers.device_reason(sendbuf, recvbuf)
     if reason is not None:

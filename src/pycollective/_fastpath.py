@@ -48,15 +48,6 @@ class Plan(NamedTuple):
     run: Callable                      # run(ctx, call, values, src, dst) -> agreed?
 
 
-class Hit(NamedTuple):
-    """A fast-path match: the context, the plan and the flat buffers."""
-
-    ctx: Context
-    plan: Plan
-    src: np.ndarray
-    dst: np.ndarray
-
-
 def _op_key(op):
     if type(op) is str:
         return op
@@ -65,8 +56,10 @@ def _op_key(op):
     return None
 
 
-def lookup(sendbuf, recvbuf, op, comm, algorithm, timeout) -> Optional[Hit]:
-    """A :class:`Hit` when this call has the shape of an earlier good one, else None."""
+def lookup(sendbuf, recvbuf, op, comm, algorithm, timeout) -> Optional[tuple]:
+    """``(ctx, plan, src, dst)`` when this call has the shape of an earlier good one (the
+    context, its :class:`Plan` and the flat buffers), else None.  A plain tuple: a named
+    one costs 0.2 us more to make, a few percent of a small call."""
     if comm is None:
         comm = MPI.COMM_WORLD
     elif type(comm) is not MPI.Intracomm:
@@ -91,12 +84,17 @@ def lookup(sendbuf, recvbuf, op, comm, algorithm, timeout) -> Optional[Hit]:
         return None
     dst = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)
     if sendbuf is MPI.IN_PLACE or sendbuf is recvbuf:
-        return Hit(ctx, plan, dst, dst)
-    if (type(sendbuf) is not np.ndarray or not sendbuf.flags.c_contiguous
-            or sendbuf.dtype != recvbuf.dtype or sendbuf.size != recvbuf.size
-            or np.may_share_memory(sendbuf, recvbuf)):
+        return ctx, plan, dst, dst
+    if type(sendbuf) is not np.ndarray:
         return None
-    return Hit(ctx, plan, (sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1)), dst)
+    sflags = sendbuf.flags
+    # Two arrays that each own their memory are two allocations: they cannot
+    # overlap, and saying so costs a tenth of np.may_share_memory (0.3 us).
+    if (not sflags.c_contiguous or sendbuf.dtype != recvbuf.dtype
+            or sendbuf.size != recvbuf.size
+            or not (sflags.owndata and flags.owndata or not np.may_share_memory(sendbuf, recvbuf))):
+        return None
+    return ctx, plan, (sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1)), dst
 
 
 def remember(ctx: Context, algorithm: str, op, timeout, algo: Algorithm, kernel: Callable,

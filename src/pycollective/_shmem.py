@@ -392,7 +392,8 @@ class SharedSlots:
         the header check of the call makes sure is the same everywhere.
         """
         if nbytes <= DOUBLE_LIMIT:
-            self.ensure(2 * nbytes)
+            if 2 * nbytes > self.capacity:  # (tested here too: most calls need no frame)
+                self.ensure(2 * nbytes)
             offset = self.parity * (self.capacity // 2)
             self.parity ^= 1
             self.dirty = True

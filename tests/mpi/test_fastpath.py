@@ -5,7 +5,7 @@ import pytest
 from mpi4py import MPI
 
 import pycollective
-from pycollective import _fastpath
+from pycollective import _context, _fastpath
 from pycollective.algorithms import shm
 from pycollective._collectives import DEFAULT
 from pycollective.model.tuning import MAX_TRIALS
@@ -77,6 +77,33 @@ def test_repeated_call_fast_path_keeps_every_check(algorithm):
         pycollective.set_check(previous)
 
 
+@pytest.mark.mpi(min_size=2)
+def test_a_freed_communicator_is_not_found_again():
+    """The fast path remembers the last communicator object it found a context for
+    (_context.find_context): freeing that communicator forgets it, so a later call
+    with the freed object takes the full path and hears what is wrong, and a new
+    communicator gets a context of its own."""
+    comm = MPI.COMM_WORLD.Dup()
+    x = np.arange(10, dtype=np.float32) + comm.Get_rank()
+    out = np.empty_like(x)
+    for _ in range(3):
+        pycollective.allreduce(x, out, "sum", comm=comm, algorithm="shm")
+    ctx = _context.find_context(comm)
+    assert ctx is not None and _context.find_context(comm) is ctx
+    comm.Free()
+    assert _context.find_context(comm) is None
+    with pytest.raises(ValueError, match="COMM_NULL"):
+        pycollective.allreduce(x, out, "sum", comm=comm, algorithm="shm")
+    again = MPI.COMM_WORLD.Dup()
+    try:
+        pycollective.allreduce(x, out, "sum", comm=again, algorithm="shm")
+        assert _context.find_context(again) not in (None, ctx)
+        assert np.array_equal(out, sum(np.arange(10, dtype=np.float32) + q
+                                       for q in range(again.Get_size())))
+    finally:
+        again.Free()
+
+
 class _Sub(np.ndarray):
     """An ndarray subclass: reduced as a plain array, but never on the fast path."""
 
@@ -133,9 +160,9 @@ def test_repeated_call_follows_the_slots_when_they_grow(dtype, count):
             if not np.array_equal(out, expected):
                 wrong.append((k, int(np.count_nonzero(out != expected))))
             if k == 4:  # every rank ran the prepared call once on the new slots
-                hit = _fastpath.lookup(x, out, "sum", comm, "shm", DEFAULT)
-                slots = hit.ctx.peek(shm._STATE).node
-                assert hit.plan.run.segment is slots.segment
+                ctx, plan, _, _ = _fastpath.lookup(x, out, "sum", comm, "shm", DEFAULT)
+                slots = ctx.peek(shm._STATE).node
+                assert plan.run.segment is slots.segment
         assert not wrong, wrong
     finally:
         comm.Free()

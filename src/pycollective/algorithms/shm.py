@@ -494,20 +494,21 @@ class _Repeated:
         """The views of both regions, or () where this path cannot run."""
         raise NotImplementedError
 
-    def _run(self, node, call, values, src, dst):
+    def __call__(self, ctx, call, values, src, dst):
+        """The prepared call on the resolved slots; :meth:`_again` when they changed.
+        (Each subclass's own, so a repeated call is one Python frame here, not two.)"""
         raise NotImplementedError
 
-    def __call__(self, ctx, call, values, src, dst):
-        node = self.node
-        if node is None or node.segment is not self.segment:
-            self.node, self.segment, self.views = None, None, ()  # drop the old slots' views
-            state = ctx.peek(_STATE)
-            views = () if state is None or state.node is None else self._resolve(state, call, dst)
-            if not views:
-                return shm_agreed(ctx, src, dst, self.kernel, values, self.board)
-            node = state.node
-            self.node, self.segment, self.views = node, node.segment, views
-        return self._run(node, call, values, src, dst)
+    def _again(self, ctx, call, values, src, dst):
+        """Resolve again (first call, slots grown or freed since), then run."""
+        self.node, self.segment, self.views = None, None, ()  # drop the old slots' views
+        state = ctx.peek(_STATE)
+        views = () if state is None or state.node is None else self._resolve(state, call, dst)
+        if not views:
+            return shm_agreed(ctx, src, dst, self.kernel, values, self.board)
+        node = state.node
+        self.node, self.segment, self.views = node, node.segment, views
+        return self(ctx, call, values, src, dst)
 
 
 class _RepeatedSmall(_Repeated):
@@ -524,7 +525,10 @@ class _RepeatedSmall(_Repeated):
         half_capacity = node.capacity // 2  # the two regions begin() alternates
         return tuple(node.rows(p * half_capacity, self.count, self.dtype) for p in (0, 1))
 
-    def _run(self, node, call, values, src, dst):
+    def __call__(self, ctx, call, values, src, dst):
+        node = self.node
+        if node is None or node.segment is not self.segment:
+            return self._again(ctx, call, values, src, dst)
         target, headers = _folded_step(node.group, call)
         return _small_agreed_step(node, call, src, dst, values, self.board, self.step, target,
                                   self.views[node.parity], headers)
@@ -545,7 +549,10 @@ class _RepeatedMid(_Repeated):
         self.bounds = _slice_bounds(self.count, node.size)
         return tuple(_mid_slots(node, self.dtype, p * (node.capacity // 2)) for p in (0, 1))
 
-    def _run(self, node, call, values, src, dst):
+    def __call__(self, ctx, call, values, src, dst):
+        node = self.node
+        if node is None or node.segment is not self.segment:
+            return self._again(ctx, call, values, src, dst)
         group = node.group
         first, headers = _folded_step(group, call)
         second, _, _ = group.compiled_step(call, check=True)
