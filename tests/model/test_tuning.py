@@ -13,16 +13,18 @@ RANKING = [("shm", 1e-5), ("butterfly", 1.2e-5), ("ring", 2e-5), ("naive", 3e-5)
 def _run(tuner, times_of, warmup=None):
     """Feed ``tuner`` its warm-up round (``warmup``: per-candidate times, default far
     slower than any timed one, so that counting them would change every decision),
-    then the given per-candidate times, round by round, until it decides; the calls."""
+    then the given per-candidate times, round by round, until it decides; the calls.
+    Where the tuner runs bursts, every call of a candidate's burst takes its time."""
     order = []
     while tuner.decision is None:
         name = tuner.next()
         order.append(name)
         if tuner.ran():
             if tuner.round < tuning.WARMUP:
-                tuner.feed([(warmup or {}).get(n, 1000.0) for n in tuner.alive])
+                per = [(warmup or {}).get(n, 1000.0) for n in tuner.alive]
             else:
-                tuner.feed([times_of[n][tuner.round - tuning.WARMUP] for n in tuner.alive])
+                per = [times_of[n][tuner.round - tuning.WARMUP] for n in tuner.alive]
+            tuner.feed([t for t in per for _ in range(tuner.burst)])
     return order
 
 
@@ -49,10 +51,10 @@ def test_tuner_tries_the_model_s_best_few_in_order_and_keeps_the_fastest():
     # naive's prediction is 3x the best: the model can tell it apart
     times = {"shm": [5, 5, 5], "butterfly": [4, 4.1, 3.9], "ring": [4.5, 4.4, 4.6]}
     order = _run(tuner, times)
-    assert order[:3] == ["shm", "butterfly", "ring"]
+    assert order[::tuner.burst][:3] == ["shm", "butterfly", "ring"]
     d = tuner.decision
     assert d.algorithm == "butterfly" and d.how == "tuned" and d.count == 1000
-    assert d.calls == len(order) == tuning.CANDIDATES * (tuning.WARMUP + 3)
+    assert d.calls == len(order) == tuning.CANDIDATES * (tuning.WARMUP + 3) * tuner.burst
     assert d.times["butterfly"] == 4  # the lower median of 4, 4.1, 3.9
 
 
@@ -78,8 +80,8 @@ def test_two_slow_first_calls_neither_drop_nor_decide():
 def test_slow_candidates_are_dropped_after_two_rounds():
     tuner = Tuner(RANKING, count=10, rounds=5)
     order = _run(tuner, {"shm": [1] * 5, "butterfly": [1.1] * 5, "ring": [9] * 5})
-    assert order.count("ring") == tuning.WARMUP + 2
-    assert order.count("shm") == tuning.WARMUP + 5
+    assert order.count("ring") == (tuning.WARMUP + 2) * tuner.burst
+    assert order.count("shm") == (tuning.WARMUP + 5) * tuner.burst
     assert "ring" not in tuner.decision.times
     assert tuner.decision.algorithm == "shm"
 
@@ -87,7 +89,8 @@ def test_slow_candidates_are_dropped_after_two_rounds():
 def test_one_candidate_left_ends_the_tuning():
     tuner = Tuner(RANKING, count=10, rounds=7)
     order = _run(tuner, {"shm": [1] * 7, "butterfly": [5] * 7, "ring": [5] * 7})
-    assert len(order) == 3 * (tuning.WARMUP + 2) and tuner.decision.algorithm == "shm"
+    assert len(order) == 3 * (tuning.WARMUP + 2) * tuner.burst
+    assert tuner.decision.algorithm == "shm"
 
 
 def test_ties_go_to_the_model_s_order_and_the_result_is_deterministic():
@@ -100,13 +103,27 @@ def test_ties_go_to_the_model_s_order_and_the_result_is_deterministic():
     assert decisions[0] == decisions[1] == decisions[2] and decisions[0].algorithm == "shm"
 
 
+def test_the_model_s_order_stands_unless_another_is_faster_by_the_margin():
+    # butterfly within PREFER of ring: the model's first stays; beyond it, it wins
+    ranking = [("ring", 1.0), ("butterfly", 1.2), ("tree", 1.5)]
+    close = {"ring": [1.05] * 3, "butterfly": [1.0] * 3, "tree": [2.0] * 3}
+    tuner = Tuner(ranking, count=10, rounds=3)
+    _run(tuner, close)
+    assert tuner.decision.algorithm == "ring"
+    apart = {"ring": [1.2] * 3, "butterfly": [1.0] * 3, "tree": [2.0] * 3}
+    tuner = Tuner(ranking, count=10, rounds=3)
+    _run(tuner, apart)
+    assert tuner.decision.algorithm == "butterfly"
+    assert 1.05 <= tuning.PREFER < 1.2
+
+
 def test_a_single_candidate_is_decided_without_trials():
     tuner = Tuner(RANKING[:1], count=10)
     assert tuner.decision == Decision("shm", "model", 10, {}, {"shm": 1e-5})
 
 
 def test_tuning_cost_is_the_time_beyond_the_winner():
-    tuner = Tuner(RANKING[:2], count=10, rounds=2)
+    tuner = Tuner(RANKING[:2], count=10, rounds=2, burst=1)
     _run(tuner, {"shm": [3, 3], "butterfly": [1, 1]}, warmup={"shm": 5, "butterfly": 2})
     d = tuner.decision  # the warm-up calls count in what tuning cost
     assert d.spent == 15 and d.calls == 6 and d.cost == 15 - 6 * 1
@@ -114,9 +131,40 @@ def test_tuning_cost_is_the_time_beyond_the_winner():
 
 
 def test_feed_checks_its_length():
-    tuner = Tuner(RANKING, count=10)
+    tuner = Tuner(RANKING, count=10, burst=1)
     with pytest.raises(ValueError, match="expected 3 times"):
         tuner.feed([1.0])
+    tuner = Tuner(RANKING, count=10)  # 1e-5 s predicted: bursts
+    with pytest.raises(ValueError, match=f"expected {3 * tuning.BURST} times"):
+        tuner.feed([1.0] * 3)
+
+
+def test_short_calls_come_in_bursts_and_only_their_second_half_counts():
+    """Right after another algorithm a call is slower (measured at 4 ranks on 2 cores):
+    of each burst, the calls after the switch settled are the samples."""
+    assert tuning.burst_for(tuning.SHORT_CALL / 2) == tuning.BURST
+    assert tuning.burst_for(tuning.SHORT_CALL) == 1 == tuning.burst_for(1.0)
+    tuner = Tuner(RANKING[:2], count=10)
+    assert tuner.burst == tuning.BURST and tuner.rounds == (tuning.MAX_ROUNDS + 1) // 2
+    b = tuning.BURST
+    # shm is slow right after the switch, butterfly is not but stays slower than shm
+    # once settled: only the settled calls decide.
+    shm_burst, butterfly_burst = [9.0] * (b // 2) + [1.0] * (b - b // 2), [1.4] * b
+    while tuner.decision is None:
+        order = []
+        for k in range(2 * b):
+            order.append(tuner.next())
+            assert tuner.ran() == (k == 2 * b - 1)  # the round ends with the last burst
+        assert order == ["shm"] * b + ["butterfly"] * b
+        tuner.feed(shm_burst + butterfly_burst)
+    assert tuner.decision.algorithm == "shm" and tuner.decision.times == {
+        "shm": 1.0, "butterfly": 1.4}
+    assert tuner.decision.calls == 2 * b * (tuning.WARMUP + tuner.rounds)
+
+
+def test_a_round_of_bursts_fits_in_one_agreement_row():
+    from pycollective import _shmem
+    assert tuning.MAX_CANDIDATES * tuning.BURST <= _shmem._BOARD_WIDTH - 1
 
 
 def test_decisions_file_round_trip(tmp_path):
@@ -152,7 +200,9 @@ def test_a_fourth_candidate_when_the_model_cannot_tell_it_from_the_best():
     apart = [("ring", 1.0), ("rabenseifner", 1.0), ("ring_pipelined", 1.0), ("shm", 2.0)]
     assert len(tuning.candidates(apart)) == 3
     assert tuning.candidates([("ring", 1.0)]) == [("ring", 1.0)]
-    assert tuning.MAX_TRIALS == tuning.MAX_CANDIDATES * (tuning.WARMUP + tuning.MAX_ROUNDS)
+    assert tuning.MAX_TRIALS == tuning.MAX_CANDIDATES * max(
+        tuning.WARMUP + tuning.MAX_ROUNDS,
+        tuning.BURST * (tuning.WARMUP + (tuning.MAX_ROUNDS + 1) // 2))
 
 
 def test_layout_aware_algorithms_are_always_candidates():

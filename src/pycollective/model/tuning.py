@@ -22,8 +22,17 @@ rank, ``[2^(k-1), 2^k)`` -- a :class:`Tuner`:
   node and ``hierarchical`` out at 1e6-1e7 across a 1 Gbit/s link, where each
   was the fastest by 1.1-1.6x); at most :data:`MAX_CANDIDATES` in all;
 * runs rounds; in each round every candidate still in the race serves one
-  call, in the model's order; the round's times are agreed in one small MAX
-  reduction at its end;
+  call, in the model's order -- or, for calls the model predicts to take
+  less than :data:`SHORT_CALL`, a burst of :data:`BURST`
+  consecutive calls, of which only the second half is timed: right after
+  another algorithm a call is slowed by what that one left (measured
+  2026-12-01, 4 ranks on 2 cores, 1000 floats: ``shm`` took 142-366 us
+  right after the others and 82-181 us by its fourth call in a row,
+  ``hierarchical`` 189-501 and 140-447 us; after thousands of calls, 35
+  and 124 us; with one call each, rounds of ``shm`` and ``hierarchical``
+  were within noise and ``auto`` kept ``hierarchical`` in two launches of
+  six: ``benchmarks/auto/``).  The round's times are agreed in one small MAX reduction at its
+  end;
 * ignores the times of the first :data:`WARMUP` round: a candidate's first
   call builds its state (windows, sub-communicators) and its second may
   still load compiled code (measured 2026-12-01, 4 ranks on 2 cores, 1000
@@ -34,14 +43,20 @@ rank, ``[2^(k-1), 2^k)`` -- a :class:`Tuner`:
   time), and stops when one is left or after its timed rounds:
   :data:`MIN_ROUNDS` for calls the model predicts to take more than
   :data:`SHORT_CALL` seconds, up to :data:`MAX_ROUNDS` for shorter ones,
-  whose timings are noisier and whose trials cost almost nothing;
-* picks the candidate with the smallest lower median of its agreed times
-  (ties: the model's order).  The lower median ignores any one call that
-  another process slowed down.
+  whose timings are noisier and whose trials cost almost nothing (half as
+  many rounds where they come in bursts);
+* picks the candidate with the smallest lower median of its agreed times,
+  unless one the model ranks higher is within :data:`PREFER` of it: then
+  the first of those in the model's order.  The lower median ignores any
+  one call that another process slowed down; the margin keeps the model's
+  order where trials cannot tell the candidates apart (measured 2026-12-01,
+  8 ranks on 2 cores, 1e4 floats: ``shm`` 2.2-2.5x faster than
+  ``hierarchical`` over thousands of calls, their trials within 10 % in
+  launches that picked ``hierarchical``).
 
-So a class costs at most ``MAX_CANDIDATES * (WARMUP + MAX_ROUNDS)`` = 40
-trial calls (20 for calls longer than 1 ms), every one of them a useful
-allreduce; what tuning
+So a class costs at most :data:`MAX_TRIALS` = 100 trial calls of calls
+under 1 ms (bursts of 4 over half as many rounds) and 20 for longer ones,
+every one of them a useful allreduce; what tuning
 costs is only the time the slower candidates took beyond the winner's, which
 :class:`Decision` reports (``cost``).  Calls of another count of the same
 class, made while a class is being tuned, run the model's first choice and
@@ -58,7 +73,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 from .params import read_text, write_json
 
 __all__ = ["CANDIDATES", "MAX_CANDIDATES", "TIE", "WARMUP", "MIN_ROUNDS", "MAX_ROUNDS",
-           "SHORT_CALL",
+           "SHORT_CALL", "BURST", "PREFER", "burst_for",
            "PRUNE", "MAX_TRIALS", "candidates", "size_class",
            "class_bounds", "rounds_for", "Tuner", "Decision", "load_decisions",
            "save_decision", "decision_key"]
@@ -71,7 +86,13 @@ MIN_ROUNDS = 3
 MAX_ROUNDS = 7
 SHORT_CALL = 1e-3
 PRUNE = 1.5
-MAX_TRIALS = MAX_CANDIDATES * (WARMUP + MAX_ROUNDS)  # trial calls of one class, at most
+PREFER = 1.1  # a candidate the model ranks lower must be faster than this factor to win
+BURST = 4  # consecutive calls of a candidate per round, for calls under SHORT_CALL
+# (a round's MAX_CANDIDATES * BURST times are agreed in one row of the node's board,
+# _shmem._BOARD_WIDTH = 24 int64: tests/model/test_tuning.py checks that they fit)
+# Trial calls of one class, at most: bursts of BURST over half of MAX_ROUNDS, or MAX_ROUNDS
+MAX_TRIALS = MAX_CANDIDATES * max(WARMUP + MAX_ROUNDS,
+                                  BURST * (WARMUP + (MAX_ROUNDS + 1) // 2))
 
 
 def candidates(ranking: Sequence[Tuple[str, float]], count: int = CANDIDATES,
@@ -110,6 +131,12 @@ def rounds_for(predicted: float) -> int:
     # in between, fewer rounds the longer the call
     share = math.log10(SHORT_CALL / predicted)  # 0 .. 1
     return MIN_ROUNDS + int(round(share * (MAX_ROUNDS - MIN_ROUNDS)))
+
+
+def burst_for(predicted: float) -> int:
+    """Consecutive calls of each candidate per round for calls predicted to take
+    ``predicted`` seconds: :data:`BURST` under :data:`SHORT_CALL`, else 1."""
+    return BURST if predicted < SHORT_CALL else 1
 
 
 def _lower_median(values: Sequence[float]) -> float:
@@ -163,19 +190,27 @@ class Tuner:
         ranking: ``[(name, predicted seconds)]`` fastest first (the model's).
         count: the element count the trials run at.
         rounds: timed rounds, after the :data:`WARMUP` one (default :func:`rounds_for` the
-            best prediction).
+            best prediction, halved where calls come in bursts).
         always: names timed whenever the model ranks them (see :func:`candidates`).
+        burst: consecutive calls of each candidate per round (default :func:`burst_for`
+            the best prediction); the second half of each burst is timed.
     """
 
     def __init__(self, ranking: Sequence[Tuple[str, float]], count: int,
-                 rounds: Optional[int] = None, always: Sequence[str] = ()):
+                 rounds: Optional[int] = None, always: Sequence[str] = (),
+                 burst: Optional[int] = None):
         chosen = candidates(ranking, always=always)
         if not chosen:
             raise ValueError("nothing to tune: no candidate")
         self.count = int(count)
         self.predicted = dict(chosen)
         self.alive: List[str] = [name for name, _ in chosen]
-        self.rounds = rounds_for(chosen[0][1]) if rounds is None else max(1, int(rounds))
+        self.burst = burst_for(chosen[0][1]) if burst is None else max(1, int(burst))
+        if rounds is None:
+            rounds = rounds_for(chosen[0][1])
+            if self.burst > 1:  # each burst gives burst // 2 timed calls (at least 2)
+                rounds = (rounds + 1) // 2
+        self.rounds = max(1, int(rounds))
         self.samples: Dict[str, List[float]] = {name: [] for name in self.alive}
         self.round = 0
         self.position = 0
@@ -187,28 +222,30 @@ class Tuner:
 
     def next(self) -> str:
         """The candidate that serves the next trial call."""
-        return self.alive[self.position]
+        return self.alive[self.position // self.burst]
 
     def ran(self) -> bool:
         """Count one trial call; True when it ended a round (agree and :meth:`feed` now)."""
         self.position += 1
         self.calls += 1
-        return self.position == len(self.alive)
+        return self.position == len(self.alive) * self.burst
 
     def feed(self, agreed: Sequence[float]) -> Optional[Decision]:
-        """The round's agreed times, one per candidate still in the race, in order.
+        """The round's agreed times, one per call: each candidate's burst in turn, in order.
 
         Returns:
             The :class:`Decision` once the tuning is over, else None.
         """
-        if len(agreed) != len(self.alive):
-            raise ValueError(f"expected {len(self.alive)} times, got {len(agreed)}")
+        b = self.burst
+        if len(agreed) != len(self.alive) * b:
+            raise ValueError(f"expected {len(self.alive) * b} times, got {len(agreed)}")
         self.round += 1
         self.position = 0
-        for name, t in zip(self.alive, agreed):
-            self.spent += float(t)
+        for i, name in enumerate(self.alive):
+            burst = [float(t) for t in agreed[i * b:(i + 1) * b]]
+            self.spent += sum(burst)
             if self.round > WARMUP:
-                self.samples[name].append(float(t))
+                self.samples[name].extend(burst[b // 2:])  # the calls after the switch settled
         timed = self.round - WARMUP
         if timed >= 2 and len(self.alive) > 1:
             best = min(min(self.samples[n]) for n in self.alive)
@@ -216,7 +253,10 @@ class Tuner:
         if timed >= self.rounds or (timed >= 1 and len(self.alive) == 1):
             order = {name: i for i, name in enumerate(self.predicted)}
             stats = {n: _lower_median(self.samples[n]) for n in self.predicted if self.samples[n]}
-            winner = min(self.alive, key=lambda n: (stats[n], order[n]))
+            fastest = min(stats[n] for n in self.alive)
+            # The first in the model's order among those within PREFER of the fastest.
+            winner = min((n for n in self.alive if stats[n] <= PREFER * fastest),
+                         key=lambda n: order[n])
             times = {n: stats[n] for n in self.alive}
             self.decision = Decision(winner, "tuned", self.count, times, self.predicted,
                                      self.calls, self.spent)
