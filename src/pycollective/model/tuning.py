@@ -46,8 +46,8 @@ rank, ``[2^(k-1), 2^k)`` -- a :class:`Tuner`:
   whose timings are noisier and whose trials cost almost nothing (half as
   many rounds where they come in bursts);
 * picks the candidate with the smallest lower median of its agreed times,
-  unless one the model ranks higher is within :data:`PREFER` of it: then
-  the first of those in the model's order.  The lower median ignores any
+  unless (calls in bursts only) one the model ranks higher is within
+  :data:`PREFER` of it: then the first of those in the model's order.  The lower median ignores any
   one call that another process slowed down; the margin keeps the model's
   order where trials cannot tell the candidates apart (measured 2026-12-01,
   8 ranks on 2 cores, 1e4 floats: ``shm`` 2.2-2.5x faster than
@@ -254,9 +254,13 @@ class Tuner:
             order = {name: i for i, name in enumerate(self.predicted)}
             stats = {n: _lower_median(self.samples[n]) for n in self.predicted if self.samples[n]}
             fastest = min(stats[n] for n in self.alive)
-            # The first in the model's order among those within PREFER of the fastest.
-            winner = min((n for n in self.alive if stats[n] <= PREFER * fastest),
-                         key=lambda n: order[n])
+            # Short calls: the first in the model's order among those within PREFER of
+            # the fastest.  Longer calls time steadily and the model is what they correct
+            # (uncalibrated, it put ring before shm at 2 ranks, 1e7 floats, where shm
+            # was 12 % faster and the trials within 10 %): the fastest.
+            margin = PREFER if self.burst > 1 else 1.0
+            winner = min((n for n in self.alive if stats[n] <= margin * fastest),
+                         key=lambda n: (order[n] if margin > 1 else stats[n], order[n]))
             times = {n: stats[n] for n in self.alive}
             self.decision = Decision(winner, "tuned", self.count, times, self.predicted,
                                      self.calls, self.spent)
