@@ -1,6 +1,6 @@
-"""Calls of several algorithms in turn, in bursts: how long a call stays slowed by the switch.
+"""Several algorithms in turn, in bursts: how long a call stays slowed by the switch.
 
-    scripts/run_mpi.sh 4 benchmarks/auto/bursts.py --count 1e3 --algorithms shm butterfly hierarchical naive
+    scripts/run_mpi.sh 4 benchmarks/auto/bursts.py --count 1e3
 
 What ``auto``'s trials see: each round runs every algorithm in turn, ``--burst``
 calls in a row each, from the launch's first call.  Prints, per algorithm and

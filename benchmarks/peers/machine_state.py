@@ -1,6 +1,7 @@
-"""One launch's machine state: pycollective, native MPI and a local copy, timed in turn.
+"""One launch's machine state: pycollective, native MPI and a local copy in turn.
 
-    for i in 1 2 3 4 5 6 7 8; do scripts/run_mpi.sh 2 benchmarks/peers/machine_state.py --count 1e5; done
+    for i in 1 2 3 4 5 6 7 8; do
+        scripts/run_mpi.sh 2 benchmarks/peers/machine_state.py --count 1e5; done
 
 On the shared 2-core VMs the time of a call that moves data between the
 cores changes by up to 6x from one launch to the next (and sometimes within

@@ -23,16 +23,16 @@ rank, ``[2^(k-1), 2^k)`` -- a :class:`Tuner`:
   was the fastest by 1.1-1.6x); at most :data:`MAX_CANDIDATES` in all;
 * runs rounds; in each round every candidate still in the race serves one
   call, in the model's order -- or, for calls the model predicts to take
-  less than :data:`SHORT_CALL`, a burst of :data:`BURST`
-  consecutive calls, of which only the second half is timed: right after
-  another algorithm a call is slowed by what that one left (measured
-  2026-12-01, 4 ranks on 2 cores, 1000 floats: ``shm`` took 142-366 us
-  right after the others and 82-181 us by its fourth call in a row,
-  ``hierarchical`` 189-501 and 140-447 us; after thousands of calls, 35
-  and 124 us; with one call each, rounds of ``shm`` and ``hierarchical``
-  were within noise and ``auto`` kept ``hierarchical`` in two launches of
-  six: ``benchmarks/auto/``).  The round's times are agreed in one small MAX reduction at its
-  end;
+  less than :data:`SHORT_CALL`, a burst of :data:`BURST` consecutive
+  calls, of which only the second half is timed: right after another
+  algorithm a call is slowed by what that one left (measured 2026-12-01, 4
+  ranks on 2 cores, 1000 floats: ``shm`` took 142-366 us right after the
+  others and 82-181 us by its fourth call in a row, ``hierarchical``
+  189-501 and 140-447 us; after thousands of calls, 35 and 124 us; with
+  one call each, rounds of ``shm`` and ``hierarchical`` were within noise
+  and ``auto`` kept ``hierarchical`` in two launches of six:
+  ``benchmarks/auto/``).  The round's times are agreed in one small MAX
+  reduction at its end;
 * ignores the times of the first :data:`WARMUP` round: a candidate's first
   call builds its state (windows, sub-communicators) and its second may
   still load compiled code (measured 2026-12-01, 4 ranks on 2 cores, 1000
@@ -47,12 +47,12 @@ rank, ``[2^(k-1), 2^k)`` -- a :class:`Tuner`:
   many rounds where they come in bursts);
 * picks the candidate with the smallest lower median of its agreed times,
   unless (calls in bursts only) one the model ranks higher is within
-  :data:`PREFER` of it: then the first of those in the model's order.  The lower median ignores any
-  one call that another process slowed down; the margin keeps the model's
-  order where trials cannot tell the candidates apart (measured 2026-12-01,
-  8 ranks on 2 cores, 1e4 floats: ``shm`` 2.2-2.5x faster than
-  ``hierarchical`` over thousands of calls, their trials within 10 % in
-  launches that picked ``hierarchical``).
+  :data:`PREFER` of it: then the first of those in the model's order.  The
+  lower median ignores any one call that another process slowed down; the
+  margin keeps the model's order where trials cannot tell the candidates
+  apart (measured 2026-12-01, 8 ranks on 2 cores, 1e4 floats: ``shm``
+  2.2-2.5x faster than ``hierarchical`` over thousands of calls, their
+  trials within 10 % in launches that picked ``hierarchical``).
 
 So a class costs at most :data:`MAX_TRIALS` = 100 trial calls of calls
 under 1 ms (bursts of 4 over half as many rounds) and 20 for longer ones,
