@@ -19,6 +19,7 @@ from mpi4py import MPI
 
 import pycollective
 from pycollective import _auto, _context
+from pycollective._exact import exact_case
 from pycollective._units import count_arg
 from pycollective.model.tuning import MAX_TRIALS
 
@@ -30,8 +31,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     comm = MPI.COMM_WORLD
     n = comm.size
-    x = (np.arange(args.count) % 7 + comm.rank).astype(np.float32)
-    expected = sum((np.arange(args.count) % 7 + q).astype(np.float32) for q in range(n))
+    x, expected = exact_case(args.count, comm.rank, n)
     out = np.empty_like(x)
     for _ in range(MAX_TRIALS + 1):
         pycollective.allreduce(x, out, MPI.SUM)

@@ -33,6 +33,7 @@ import numpy as np
 from mpi4py import MPI
 
 import pycollective
+from pycollective._exact import exact_case
 from pycollective._units import count_arg
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -82,8 +83,7 @@ def compare(comm, args, calls):
         print(f"# N = {n}, algorithm {args.algorithm!r}, float32 SUM; {args.batches} batches of "
               f"{args.calls} calls each, alternating; then = {args.revision}, now = this checkout")
     for count in args.counts:
-        x = (np.arange(count) % 7 + comm.rank).astype(np.float32)
-        expected = sum((np.arange(count) % 7 + q).astype(np.float32) for q in range(n))
+        x, expected = exact_case(count, comm.rank, n)
         out = {name: np.empty_like(x) for name in calls}
         for name, allreduce in calls.items():
             for _ in range(200):  # first calls compile, map the slots, reach the fast path

@@ -22,6 +22,7 @@ import numpy as np
 from mpi4py import MPI
 
 import pycollective
+from pycollective._exact import exact_case
 from pycollective._units import count_arg
 
 
@@ -33,8 +34,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     comm = MPI.COMM_WORLD
     n = comm.size
-    src = (np.arange(args.count) % 7 + comm.rank).astype(np.float32)
-    expected = sum((np.arange(args.count) % 7 + q).astype(np.float32) for q in range(n))
+    src, expected = exact_case(args.count, comm.rank, n)
     dst = np.empty_like(src)
 
     def ours():

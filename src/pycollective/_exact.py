@@ -12,7 +12,7 @@ import numpy as np
 
 from ._kernels import float_info, is_float
 
-__all__ = ["exact_values", "exact_reduce", "fill_exact", "compare", "BLOCK"]
+__all__ = ["exact_values", "exact_reduce", "exact_case", "fill_exact", "compare", "BLOCK"]
 
 BLOCK = 1 << 20  # elements per block when generating or checking data
 
@@ -149,3 +149,12 @@ def exact_reduce(arrays, op, dtype):
     if dtype.kind in "iu":
         return result.astype(dtype)  # int64 -> narrower integer wraps modulo 2**bits
     return result.astype(np.float64).astype(dtype)
+
+
+def exact_case(count, rank, nranks, dtype="float32", op="sum"):
+    """``(mine, expected)``: this rank's :func:`exact_values` for ``count`` elements and
+    the exact reduction of every rank's (the benchmarks' scripts time a collective on
+    these and check its result against ``expected`` with tolerance 0)."""
+    mine = exact_values(0, count, rank, nranks, dtype, op)
+    everyone = [exact_values(0, count, q, nranks, dtype, op) for q in range(nranks)]
+    return mine, exact_reduce(everyone, op, dtype)
