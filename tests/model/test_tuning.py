@@ -103,19 +103,16 @@ def test_ties_go_to_the_model_s_order_and_the_result_is_deterministic():
     assert decisions[0] == decisions[1] == decisions[2] and decisions[0].algorithm == "shm"
 
 
-def test_short_calls_keep_the_model_s_order_unless_another_is_faster_by_the_margin():
-    # Short calls (bursts): butterfly within PREFER of ring, the model's first stays;
-    # beyond it, butterfly wins.  Long calls: the fastest wins, however close.
+def test_the_fastest_wins_even_when_the_model_ranks_it_last():
+    # No margin for the model's order, short calls (bursts) or long: an uncalibrated
+    # model can be far off, and the trials are what correct it.
     short = [("ring", 1e-5), ("butterfly", 1.2e-5), ("tree", 1.5e-5)]
     long = [(n, t * 1e5) for n, t in short]
-    close = {"ring": [1.05] * 3, "butterfly": [1.0] * 3, "tree": [2.0] * 3}
-    apart = {"ring": [1.2] * 3, "butterfly": [1.0] * 3, "tree": [2.0] * 3}
-    for ranking, times, winner in ((short, close, "ring"), (short, apart, "butterfly"),
-                                   (long, close, "butterfly"), (long, apart, "butterfly")):
+    close = {"ring": [1.05] * 3, "butterfly": [1.06] * 3, "tree": [1.0] * 3}
+    for ranking in (short, long):
         tuner = Tuner(ranking, count=10, rounds=3)
-        _run(tuner, times)
-        assert tuner.decision.algorithm == winner, (ranking[0], times["ring"])
-    assert 1.05 <= tuning.PREFER < 1.2
+        _run(tuner, close)
+        assert tuner.decision.algorithm == "tree", ranking[0]
 
 
 def test_a_single_candidate_is_decided_without_trials():

@@ -45,14 +45,13 @@ rank, ``[2^(k-1), 2^k)`` -- a :class:`Tuner`:
   :data:`SHORT_CALL` seconds, up to :data:`MAX_ROUNDS` for shorter ones,
   whose timings are noisier and whose trials cost almost nothing (half as
   many rounds where they come in bursts);
-* picks the candidate with the smallest lower median of its agreed times,
-  unless (calls in bursts only) one the model ranks higher is within
-  :data:`PREFER` of it: then the first of those in the model's order.  The
-  lower median ignores any one call that another process slowed down; the
-  margin keeps the model's order where trials cannot tell the candidates
-  apart (measured 2026-12-01, 8 ranks on 2 cores, 1e4 floats: ``shm``
-  2.2-2.5x faster than ``hierarchical`` over thousands of calls, their
-  trials within 10 % in launches that picked ``hierarchical``).
+* picks the candidate with the smallest lower median of its agreed times
+  (ties: the model's order).  The lower median ignores any one call that
+  another process slowed down.  No margin for the model's order: without
+  a calibration its order can be far off (measured 2026-12-01, 2 ranks,
+  1000 floats, on a loaded machine: trials of ``butterfly``, ``naive`` and
+  ``shm`` within 10 % of each other, and a 10 % margin for the model's
+  first kept ``naive``, 10x slower than ``shm`` per call afterwards).
 
 So a class costs at most :data:`MAX_TRIALS` = 100 trial calls of calls
 under 1 ms (bursts of 4 over half as many rounds) and 20 for longer ones,
@@ -73,7 +72,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 from .params import read_text, write_json
 
 __all__ = ["CANDIDATES", "MAX_CANDIDATES", "TIE", "WARMUP", "MIN_ROUNDS", "MAX_ROUNDS",
-           "SHORT_CALL", "BURST", "PREFER", "burst_for",
+           "SHORT_CALL", "BURST", "burst_for",
            "PRUNE", "MAX_TRIALS", "candidates", "size_class",
            "class_bounds", "rounds_for", "Tuner", "Decision", "load_decisions",
            "save_decision", "decision_key"]
@@ -86,7 +85,6 @@ MIN_ROUNDS = 3
 MAX_ROUNDS = 7
 SHORT_CALL = 1e-3
 PRUNE = 1.5
-PREFER = 1.1  # a candidate the model ranks lower must be faster than this factor to win
 BURST = 4  # consecutive calls of a candidate per round, for calls under SHORT_CALL
 # (a round's MAX_CANDIDATES * BURST times are agreed in one row of the node's board,
 # _shmem._BOARD_WIDTH = 24 int64: tests/model/test_tuning.py checks that they fit)
@@ -253,14 +251,7 @@ class Tuner:
         if timed >= self.rounds or (timed >= 1 and len(self.alive) == 1):
             order = {name: i for i, name in enumerate(self.predicted)}
             stats = {n: _lower_median(self.samples[n]) for n in self.predicted if self.samples[n]}
-            fastest = min(stats[n] for n in self.alive)
-            # Short calls: the first in the model's order among those within PREFER of
-            # the fastest.  Longer calls time steadily and the model is what they correct
-            # (uncalibrated, it put ring before shm at 2 ranks, 1e7 floats, where shm
-            # was 12 % faster and the trials within 10 %): the fastest.
-            margin = PREFER if self.burst > 1 else 1.0
-            winner = min((n for n in self.alive if stats[n] <= margin * fastest),
-                         key=lambda n: (order[n] if margin > 1 else stats[n], order[n]))
+            winner = min(self.alive, key=lambda n: (stats[n], order[n]))
             times = {n: stats[n] for n in self.alive}
             self.decision = Decision(winner, "tuned", self.count, times, self.predicted,
                                      self.calls, self.spent)
