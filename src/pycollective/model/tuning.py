@@ -28,7 +28,7 @@ rank, ``[2^(k-1), 2^k)`` -- a :class:`Tuner`:
   algorithm a call is slowed by what that one left (measured 2026-12-01, 4
   ranks on 2 cores, 1000 floats: ``shm`` took 142-366 us right after the
   others and 82-181 us by its fourth call in a row, ``hierarchical``
-  189-501 and 140-447 us; after thousands of calls, 35 and 124 us; with
+  189-501 and 140-447 us; once decided, 21-45 and 94-142 us a call; with
   one call each, rounds of ``shm`` and ``hierarchical`` were within noise
   and ``auto`` kept ``hierarchical`` in two launches of six:
   ``benchmarks/auto/``).  The round's times are agreed in one small MAX
@@ -88,9 +88,16 @@ PRUNE = 1.5
 BURST = 4  # consecutive calls of a candidate per round, for calls under SHORT_CALL
 # (a round's MAX_CANDIDATES * BURST times are agreed in one row of the node's board,
 # _shmem._BOARD_WIDTH = 24 int64: tests/model/test_tuning.py checks that they fit)
+
+
+def _in_bursts(rounds: int) -> int:
+    """Timed rounds of bursts instead of ``rounds`` of single calls: half as many (a burst
+    gives two timed calls), rounded up."""
+    return (rounds + 1) // 2
+
+
 # Trial calls of one class, at most: bursts of BURST over half of MAX_ROUNDS, or MAX_ROUNDS
-MAX_TRIALS = MAX_CANDIDATES * max(WARMUP + MAX_ROUNDS,
-                                  BURST * (WARMUP + (MAX_ROUNDS + 1) // 2))
+MAX_TRIALS = MAX_CANDIDATES * max(WARMUP + MAX_ROUNDS, BURST * (WARMUP + _in_bursts(MAX_ROUNDS)))
 
 
 def candidates(ranking: Sequence[Tuple[str, float]], count: int = CANDIDATES,
@@ -206,8 +213,8 @@ class Tuner:
         self.burst = burst_for(chosen[0][1]) if burst is None else max(1, int(burst))
         if rounds is None:
             rounds = rounds_for(chosen[0][1])
-            if self.burst > 1:  # each burst gives burst // 2 timed calls (at least 2)
-                rounds = (rounds + 1) // 2
+            if self.burst > 1:
+                rounds = _in_bursts(rounds)
         self.rounds = max(1, int(rounds))
         self.samples: Dict[str, List[float]] = {name: [] for name in self.alive}
         self.round = 0
