@@ -11,7 +11,9 @@ change (``set_check``, ``set_timeout``, ``set_segment_bytes``; environment
 variables are read when a shape is first seen).  Agreement still runs (the
 same vector, one small reduction); when the reduced vector is not what
 agreeing ranks produce, the full verdict raises the same error as the full
-path would.
+path would.  Where the algorithm's prepared call has a fast way (``Plan.fast``,
+"shm" below 1 MiB), the call is numbered and run without a call record until
+it needs one (``_call.run_remembered``).
 """
 
 import functools
@@ -46,6 +48,7 @@ class Plan(NamedTuple):
     epoch: int                         # settings epoch it was resolved in
     agreement: bool                    # whether the call runs the agreement step
     run: Callable                      # run(ctx, call, values, src, dst) -> agreed?
+    fast: Optional[Callable]           # fast(number, plan, src, dst) -> None or the rest
 
 
 def _op_key(op):
@@ -117,10 +120,11 @@ def remember(ctx: Context, algorithm: str, op, timeout, algo: Algorithm, kernel:
     template = fact_values(ctx.rank, None, facts, 0)  # words 0-1: each call writes its number
     auto = ctx.peek(_auto.KEY) if algorithm == "auto" else None
     agreement = needs_agreement(call.settings, algo)
+    run = _prepared(ctx, algo, kernel, dst, agreement)
     memo[(algorithm, key, dst.dtype, dst.size, timeout)] = Plan(
         algo, kernel, template, facts, auto, call.settings,
         call.fingerprint, call.fingerprint_words, call.tag_offset, _settings.epoch,
-        agreement, _prepared(ctx, algo, kernel, dst, agreement))
+        agreement, run, getattr(run, "fast", None))
 
 
 def _prepared(ctx, algo, kernel, dst, agreement):

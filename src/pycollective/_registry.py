@@ -59,7 +59,11 @@ class Algorithm:
     buffers of ``dst``'s dtype and size, with what ``agreed`` looks up on
     every call resolved once (:mod:`pycollective._fastpath` keeps it).  It
     must not be collective to prepare, and must fall back to ``agreed``
-    whenever what it resolved no longer holds.
+    whenever what it resolved no longer holds.  ``run`` may also have a fast
+    way, ``run.fast(number, plan, src, dst)``: the call numbered ``number``
+    without its record (``_call.run_remembered``), the plan's ``template``
+    its agreement vector; it returns None once the call is done, else the
+    rest of the call as a ``run``, which the caller runs with the record.
     ``layout_aware``: its speed depends on how the ranks share nodes, cores
     and links (shared memory inside a node), which the model prices least
     well without a calibration; ``algorithm="auto"`` times it among its

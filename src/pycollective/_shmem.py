@@ -170,6 +170,17 @@ class NodeGroup:
             checking, self._unchecked = self._unchecked, None
         return self._last, publish, checking
 
+    def opening_steps(self, number, steps):
+        """:meth:`compiled_step` with ``check`` for the first ``steps`` syncs of a new call
+        numbered ``number``, for a caller without a call record (the repeated call's fast
+        way, ``algorithms/shm.py``).  Returns the first target (the others follow it by
+        one) and the header set to publish into, which the first sync also checks."""
+        publish = self.headers[self._published & 1]
+        self._published += 1
+        self._number, self._step, self._unchecked = number, steps, None
+        self._last = (number << 24) + steps
+        return self._last - steps + 1, publish
+
     def header_set(self):
         """The header set this rank published last (its current call's)."""
         return self.headers[(self._published - 1) & 1]

@@ -87,14 +87,18 @@ def current() -> Optional[Call]:
     return getattr(_local, "call", None)
 
 
-def begin(ctx, what, fingerprint, settings, tag_offset=0, words=None) -> Call:
+def begin(ctx, what, fingerprint, settings, tag_offset=0, words=None, number=None) -> Call:
     """Number a new call on ``ctx`` and make it this thread's current call.
 
     The caller holds ``ctx.lock``, so numbers follow the order of calls on
     the communicator, which MPI requires to be the same on every rank.
+    ``number``: the call was numbered already (``ctx.calls``, by a caller that
+    needs its record only now: the repeated call's fast way, ``_call.py``).
     """
-    ctx.calls += 1
-    call = Call(ctx, what, ctx.calls, fingerprint, settings, tag_offset, words)
+    if number is None:
+        ctx.calls += 1
+        number = ctx.calls
+    call = Call(ctx, what, number, fingerprint, settings, tag_offset, words)
     _local.call = call
     return call
 

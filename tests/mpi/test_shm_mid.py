@@ -26,10 +26,12 @@ from mpi4py import MPI
 
 import pycollective
 from pycollective import _env as _env_settings
-from pycollective import _watch
+from pycollective import _fastpath, _watch
+from pycollective._collectives import DEFAULT
 from pycollective._atomics import set_budget
 from pycollective._context import get_context
-from pycollective._errors import CollectiveError, CollectiveMismatch, CollectiveTimeout, PeerFailed
+from pycollective._errors import (CollectiveError, CollectiveMismatch, CollectiveTimeout,
+                                  CommunicatorBroken, PeerFailed)
 from pycollective._shmem import DOUBLE_LIMIT
 from pycollective.algorithms import _mid, shm
 from _data import (MPI_OPS, bitwise_equal, check_allreduce, env, exact_reduce, exact_values,
@@ -320,4 +322,110 @@ def test_a_rank_later_than_the_timeout_is_named():
             assert named and late in {int(q) for q in named[1].split(",")}, str(info.value)
     finally:
         pycollective.set_check(previous)
+        _free(comm)
+
+
+# --- the repeated call's fast way (_call.run_remembered, shm's ``fast``) ----------------------
+
+def _known(comm, count):
+    """A shape whose plan and prepared call exist on every rank; returns the plan."""
+    r = comm.Get_rank()
+    send = exact_values(r, count, "float32", "sum")
+    out = np.empty_like(send)
+    for _ in range(3):
+        pycollective.allreduce(send, out, "sum", comm=comm, algorithm="shm")
+    hit = _fastpath.lookup(send, out, "sum", comm, "shm", DEFAULT)
+    assert hit is not None and hit[1].fast is not None
+    return hit[1]
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("count", [300, 3001])  # the small path, the sliced one
+def test_the_fast_way_makes_a_record_only_for_a_call_it_hands_back(count, monkeypatch):
+    """A repeated call runs without a call record; a wait that runs out of its
+    budget hands the call back, which then gets its record and waits on in
+    Python; a rank later than the timeout is named; results bitwise right."""
+    comm = _fresh()
+    n, r = comm.Get_size(), comm.Get_rank()
+    records = []
+    begin = _watch.begin
+    monkeypatch.setattr(_watch, "begin", lambda *a, **k: records.append(a[1]) or begin(*a, **k))
+    try:
+        _known(comm, count)
+        group = shm._state(get_context(comm)).node.group
+        barrier = group.barrier
+
+        def calls(k, late=None, sync=False):
+            for i in range(k):
+                send = exact_values((r + i) % n, count, "float32", "sum")
+                out = np.empty_like(send)
+                if sync:
+                    comm.Barrier()
+                if late is not None and r == late(i):
+                    time.sleep(2e-3)
+                pycollective.allreduce(send, out, "sum", comm=comm, algorithm="shm")
+                expected = exact_reduce([exact_values((q + i) % n, count, "float32", "sum")
+                                         for q in range(n)], "sum", "float32")
+                assert bitwise_equal(out, expected), i
+
+        del records[:]
+        calls(10, sync=True)
+        # The full way makes a record in every call; the fast way only when a wait
+        # ran out of its budget (a rank descheduled on a shared machine).
+        assert len(records) <= 5, records
+        set_budget(barrier.words, group.rank, 0, 0, 0, 0, barrier.wakes)
+        try:
+            calls(2 * n, late=lambda i: i % n)
+        finally:
+            barrier.set_sleep(barrier.sleep, barrier.wakes)  # the budget back
+        handed = comm.allreduce(len(records))
+        assert handed >= n - 1, handed  # in each call the ranks not late waited in Python
+        pycollective.set_timeout(0.5, comm=comm)
+        comm.Barrier()
+        if r == n - 1:
+            time.sleep(1.5)
+        send = exact_values(r, count, "float32", "sum")
+        with pytest.raises((CollectiveTimeout, PeerFailed)) as info:
+            pycollective.allreduce(send, np.empty_like(send), "sum", comm=comm, algorithm="shm")
+        if r != n - 1:
+            assert isinstance(info.value, CollectiveTimeout)
+            named = re.search(r"ranks \[([\d, ]+)\] did not arrive", str(info.value))
+            assert named and n - 1 in {int(q) for q in named[1].split(",")}, str(info.value)
+    finally:
+        _free(comm)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("count", [300, 3001])
+def test_a_failure_in_the_fast_way_reaches_every_rank(count, monkeypatch):
+    """An exception raised in rank 0's fast way (its compiled step here) breaks the
+    communicator: rank 0 raises a CollectiveError naming itself, the others hear
+    it while waiting for rank 0 (PeerFailed), and every later call is refused."""
+    comm = _fresh()
+    r = comm.Get_rank()
+    try:
+        plan = _known(comm, count)
+        pycollective.set_timeout(30, comm=comm)
+        plan = _known(comm, count)  # a new timeout, a new plan
+
+        def broken(*args):
+            raise RuntimeError("injected")
+        if r == 0:
+            if count * 4 <= SMALL:
+                monkeypatch.setattr(plan.run, "step", broken)
+            else:
+                monkeypatch.setattr(_mid, "agreed_step", broken)
+        send = exact_values(r, count, "float32", "sum")
+        out = np.empty_like(send)
+        with pytest.raises(CollectiveError) as info:
+            pycollective.allreduce(send, out, "sum", comm=comm, algorithm="shm")
+        if r == 0:
+            assert "failed on rank 0" in str(info.value) and "injected" in str(info.value)
+            assert isinstance(info.value.__cause__, RuntimeError)
+        else:
+            assert isinstance(info.value, PeerFailed), repr(info.value)
+        monkeypatch.undo()
+        with pytest.raises(CommunicatorBroken):
+            pycollective.allreduce(send, out, "sum", comm=comm, algorithm="shm")
+    finally:
         _free(comm)

@@ -301,12 +301,24 @@ def _small_agreed_step(node, call, src, dst, values, board, step, target, rows, 
     rows_board = board.take()
     half = step is _small.agreed_step_half
     data_src, data_dst = (src.view(np.uint16), dst.view(np.uint16)) if half else (src, dst)
-    op = call.fingerprint[3]
     verdict = step(group.barrier.words, group.rank, group.size, target, rows_board, values, rows,
-                   data_src, headers, call.number, call.fingerprint_words, data_dst, op)
+                   data_src, headers, call.number, call.fingerprint_words, data_dst,
+                   call.fingerprint[3])
+    return _small_after(node, call, src, dst, values, board, step, target, rows, headers,
+                        rows_board, verdict)
+
+
+def _small_after(node, call, src, dst, values, board, step, target, rows, headers, rows_board,
+                 verdict):
+    """What follows the folded step's compiled call: done, a slow rank, a disagreement,
+    a rank that went the longer way, or headers that differ."""
+    group = node.group
     if verdict == _small.DONE:
         node.begin(dst.nbytes)
         return True
+    half = step is _small.agreed_step_half
+    data_dst = dst.view(np.uint16) if half else dst
+    op = call.fingerprint[3]
     if verdict == _small.LATE:
         group.barrier.wait(target)  # a slow rank: wait on with the deadline
         verdict = _small.rows_verdict(rows_board, values, group.size)
@@ -369,8 +381,9 @@ def _mid_args(node, call, offset, src, dst, publish, checking):
     """:func:`._mid.step`'s arguments after the targets: slots, buffers, headers, op."""
     half = dst.dtype == _F16
     slots = _mid_slots(node, np.dtype(np.uint16) if half else dst.dtype, offset)
-    return _mid_call_args(slots, _slice_bounds(dst.size, node.size), half, call, src, dst,
-                          publish, checking)
+    return _mid_call_args(slots, _slice_bounds(dst.size, node.size), half, call.number,
+                          call.fingerprint_words, call.fingerprint[3], src, dst, publish,
+                          checking)
 
 
 def _mid_slots(node, dtype, offset):
@@ -380,14 +393,14 @@ def _mid_slots(node, dtype, offset):
     return node.flat(dtype), node.capacity // itemsize, offset // itemsize
 
 
-def _mid_call_args(slots, bounds, half, call, src, dst, publish, checking):
+def _mid_call_args(slots, bounds, half, number, words, op, src, dst, publish, checking):
+    """(``number``, ``words``, ``op``: the call's number, fingerprint words and op code.)"""
     if half:
         src, dst = src.view(np.uint16), dst.view(np.uint16)
     flat, stride, base = slots
     return (flat, stride, base, src, dst, bounds,
-            _NO_HEADERS if publish is None else publish, call.number, call.fingerprint_words,
-            _NO_HEADERS if checking is None else checking,
-            call.fingerprint[3] + (_mid.HALF if half else 0))
+            _NO_HEADERS if publish is None else publish, number, words,
+            _NO_HEADERS if checking is None else checking, op + (_mid.HALF if half else 0))
 
 
 def _mid_resume(group, call, verdict, phase, first, second, args, checking):
@@ -436,9 +449,18 @@ def _mid_agreed_step(node, call, nbytes, values, board, first, second, args, hea
     """:func:`mid_agreed` once its targets and :func:`._mid.step`'s arguments are known."""
     group = node.group
     rows = board.take()
+    verdict, phase = _mid.agreed_step(group.barrier.words, group.rank, group.size, first, second,
+                                      rows, values, *args)
+    return _mid_after(node, call, nbytes, values, board, first, second, args, headers, rows,
+                      verdict, phase)
+
+
+def _mid_after(node, call, nbytes, values, board, first, second, args, headers, rows, verdict,
+               phase):
+    """What follows :func:`._mid.agreed_step`: done, a slow rank, a disagreement, a rank
+    that went the longer way, or headers that differ."""
+    group = node.group
     words = group.barrier.words
-    verdict, phase = _mid.agreed_step(words, group.rank, group.size, first, second, rows, values,
-                                      *args)
     late = verdict == _mid.LATE and phase == 1  # before the rows were compared
     if late:
         group.barrier.wait(first)  # a slow rank: wait on with the deadline
@@ -517,6 +539,7 @@ class _RepeatedSmall(_Repeated):
     def __init__(self, ctx, dst, kernel, board):
         super().__init__(ctx, dst, kernel, board)
         self.step = _small.agreed_step_half if self.half else _small.agreed_step
+        self.nbytes = dst.nbytes
 
     def _resolve(self, state, call, dst):
         if not _compiled(state, call, dst, self.board):
@@ -532,6 +555,30 @@ class _RepeatedSmall(_Repeated):
         target, headers = _folded_step(node.group, call)
         return _small_agreed_step(node, call, src, dst, values, self.board, self.step, target,
                                   self.views[node.parity], headers)
+
+    def fast(self, number, plan, src, dst):
+        """The call numbered ``number`` as one compiled step and its bookkeeping; None once
+        done, else the rest (see ``_call.run_remembered``)."""
+        node = self.node
+        if node is None or node.segment is not self.segment:
+            return self  # nothing done yet: the whole call, with its record
+        group = node.group
+        target, headers = group.opening_steps(number, 1)
+        board = self.board.take()
+        rows = self.views[node.parity]
+        if self.half:
+            src, dst = src.view(np.uint16), dst.view(np.uint16)
+        verdict = self.step(group.barrier.words, group.rank, group.size, target, board,
+                            plan.template, rows, src, headers, number, plan.words, dst,
+                            plan.fingerprint[3])
+        if verdict == _small.DONE:
+            node.begin(self.nbytes)
+            return None
+        return functools.partial(self._rest, target, rows, headers, board, verdict)
+
+    def _rest(self, target, rows, headers, board, verdict, ctx, call, values, src, dst):
+        return _small_after(self.node, call, src, dst, values, self.board, self.step, target,
+                            rows, headers, board, verdict)
 
 
 class _RepeatedMid(_Repeated):
@@ -556,10 +603,32 @@ class _RepeatedMid(_Repeated):
         group = node.group
         first, headers = _folded_step(group, call)
         second, _, _ = group.compiled_step(call, check=True)
-        args = _mid_call_args(self.views[node.parity], self.bounds, self.half, call, src, dst,
-                              headers, headers)
+        args = _mid_call_args(self.views[node.parity], self.bounds, self.half, call.number,
+                              call.fingerprint_words, call.fingerprint[3], src, dst, headers,
+                              headers)
         return _mid_agreed_step(node, call, self.nbytes, values, self.board, first, second,
                                 args, headers)
+
+    def fast(self, number, plan, src, dst):
+        """:meth:`_RepeatedSmall.fast` for the sliced path."""
+        node = self.node
+        if node is None or node.segment is not self.segment:
+            return self
+        group = node.group
+        first, headers = group.opening_steps(number, 2)
+        args = _mid_call_args(self.views[node.parity], self.bounds, self.half, number,
+                              plan.words, plan.fingerprint[3], src, dst, headers, headers)
+        rows = self.board.take()
+        verdict, phase = _mid.agreed_step(group.barrier.words, group.rank, group.size, first,
+                                          first + 1, rows, plan.template, *args)
+        if verdict == _mid.DONE:
+            node.begin(self.nbytes)
+            return None
+        return functools.partial(self._rest, first, args, headers, rows, verdict, phase)
+
+    def _rest(self, first, args, headers, rows, verdict, phase, ctx, call, values, src, dst):
+        return _mid_after(self.node, call, self.nbytes, values, self.board, first, first + 1,
+                          args, headers, rows, verdict, phase)
 
 
 def shm_repeated(ctx, dst, kernel, board):
