@@ -176,16 +176,22 @@ def test_shm_many_small_calls_back_to_back():
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("cma", ["1", "0"])
-def test_shm_large_paths(cma):
-    """Above 1 MiB: single-copy reads of the others' buffers (cma=1, where the
-    system allows it) and the shared-window copy (cma=0); in place included,
-    where a rank >= 2 must not overwrite its own operand before reading it."""
+def test_shm_large_paths(cma, monkeypatch):
+    """Above 1 MiB: the slots' whole-slot path (cma=0, and with cma=1 up to
+    shm.SINGLE_COPY_BYTES) and, above that, single-copy reads of the others'
+    buffers (cma=1, where the system allows it); in place included, where a
+    rank >= 2 must not overwrite its own operand before reading it."""
     world = MPI.COMM_WORLD
     failures = []
+    single = []  # the sizes of the calls that took the single copy
+    original = shm.cma_allreduce_on
+    monkeypatch.setattr(shm, "cma_allreduce_on",
+                        lambda cross, src, dst, kernel: single.append(dst.nbytes)
+                        or original(cross, src, dst, kernel))
     with _env(_env_settings.SHM_CMA.name, cma):
         comm = world.Dup()
         try:
-            for dtype, op, count in (("float32", "sum", 300_007), ("int64", "max", 1_000_003),
+            for dtype, op, count in (("float32", "sum", 300_007), ("int64", "max", 1_100_003),
                                      ("float16", "sum", 700_001), ("float64", "prod", 262_145),
                                      ("int32", "sum", 400_001), ("int64", "sum", 300_001),
                                      ("float64", "sum", 1_500_007)):
@@ -193,6 +199,8 @@ def test_shm_large_paths(cma):
             state = get_context(comm).peek(shm._STATE)
             if cma == "0":
                 assert state.cross is None
+            large = {8 * 1_100_003, 8 * 1_500_007}  # the sizes above SINGLE_COPY_BYTES
+            assert set(single) == (large if state.cross is not None else set()), single
         finally:
             comm.Free()
     assert not failures, f"{len(failures)} failures: " + "; ".join(failures[:5])

@@ -6,7 +6,7 @@ it combines slice i of all N inputs, operands in rank order 0..N-1, and
 every rank then copies the other slices of the result.  No data travel in
 point-to-point messages; there are two ways to reach the others' memory.
 
-Single copy (messages above ``DOUBLE_LIMIT`` = 1 MiB, where the system
+Single copy (messages above ``SINGLE_COPY_BYTES`` = 8 MiB, where the system
 allows it): each rank publishes the addresses and size of its ``src`` and
 ``dst`` in its header of the node's control segment; sync; rank i reads
 slice i of every other rank's ``src`` with ``process_vm_readv`` (Linux
@@ -106,6 +106,14 @@ from . import _mid, _small
 from ._node import cross_reduce
 
 _REPLICATE_BYTES = 4 << 10    # up to this, every rank reduces the whole vector
+# Above this, single copy where the system allows it (else the slots).  Each
+# process_vm_readv pins the peer's pages one by one; staged through the slots
+# a call of 1.1-3.8 MiB per rank took 0.58-0.79 of the single copy's time at
+# N = 4 and 8 and 0.42-1.18 at N = 2 (median 0.85); at 7.6 MiB 0.72-1.30,
+# from 15 MiB the single copy is level or ahead (1.2-1.6 at 38 MiB)
+# (benchmarks/shm/single_copy.py; docs/results/2026-12-02-fastway.md).  The other
+# node collectives keep _node.CMA_BYTES: for them the two were about level.
+SINGLE_COPY_BYTES = 8 << 20
 _STATE = Key("shm")
 
 
@@ -205,7 +213,7 @@ def shm_allreduce(ctx, src, dst, kernel):
     if state.error is not None:
         raise ConfigurationError(state.error)
     call = _watch.current()
-    if state.cross is not None and dst.nbytes > DOUBLE_LIMIT:
+    if state.cross is not None and dst.nbytes > SINGLE_COPY_BYTES:
         cma_allreduce_on(state.cross, src, dst, kernel)
     elif _compiled(state, call, dst):
         _small_data(state.node, call, src, dst)

@@ -27,7 +27,7 @@ from .._exact import compare, fill_exact
 from .._kernels import get_kernel
 from .._ops import MPI_OPS
 from .._partition import chunk_bounds
-from .._shmem import DOUBLE_LIMIT, copy_in, copy_out, reduce_block, reduce_own_slice
+from .._shmem import copy_in, copy_out, reduce_block, reduce_own_slice
 from .._table import format_table
 from .._timing import calls_for_budget, rounds, slowest, timed_call
 from .._units import count_arg
@@ -314,7 +314,7 @@ def breakdown(args, session):
         expected = np.empty_like(src)
         dst = np.empty_like(src)
         comm.Allreduce(src, expected, op=MPI_OPS[args.op])
-        single = state.cross is not None and dst.nbytes > DOUBLE_LIMIT
+        single = state.cross is not None and dst.nbytes > shm.SINGLE_COPY_BYTES
 
         def native():
             comm.Allreduce(src, dst, op=MPI_OPS[args.op])
