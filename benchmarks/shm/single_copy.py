@@ -54,8 +54,11 @@ def _others(what, slots, single):
             return lambda s, d: pycollective.reduce_scatter(s, d, comm=comm, algorithm="shm")
         if what == "allgather":
             return lambda s, d: pycollective.allgather(s, d, comm=comm, algorithm="shm")
-        return lambda s, d: (d.__setitem__(Ellipsis, s),
-                             pycollective.bcast(d, comm=comm, algorithm="shm"))
+
+        def bcast(s, d):  # root's data into the buffer first, as a training step would
+            d[...] = s
+            pycollective.bcast(d, comm=comm, algorithm="shm")
+        return bcast
     return {"slots": run(slots), "single copy": run(single)}
 
 

@@ -219,12 +219,7 @@ def run_remembered(ctx, plan, src, dst) -> None:
         return
     call = enter(ctx, "allreduce", plan.fingerprint, plan.settings, plan.words, plan.tag_offset)
     try:
-        values = None
-        if plan.agreement:
-            values = plan.template.copy()
-            values[0], values[1] = call.number, -call.number
-        if not run_algorithm(call, plan.run, ctx, call, values, src, dst):
-            verdict(ctx, "allreduce", None, plan.facts, values)
+        _run_recorded(ctx, plan, call, plan.run, src, dst)
     finally:
         leave(call)
 
@@ -235,11 +230,20 @@ def _run_rest(ctx, plan, number, rest, src, dst):
     call = _watch.begin(ctx, "allreduce", plan.fingerprint, plan.settings, plan.tag_offset,
                         plan.words, number=number)
     try:
-        values = plan.template.copy()  # a disagreement overwrites it with the MAX
-        if not run_algorithm(call, rest, ctx, call, values, src, dst):
-            verdict(ctx, "allreduce", None, plan.facts, values)
+        _run_recorded(ctx, plan, call, rest, src, dst)
     finally:
         _watch.end(call)
+
+
+def _run_recorded(ctx, plan, call, run, src, dst):
+    """``run(ctx, call, values, src, dst)`` with ``call``'s own copy of the agreement vector
+    (a disagreement overwrites it with the MAX); the verdict if the ranks disagree."""
+    values = None
+    if plan.agreement:
+        values = plan.template.copy()
+        values[0], values[1] = call.number, -call.number
+    if not run_algorithm(call, run, ctx, call, values, src, dst):
+        verdict(ctx, "allreduce", None, plan.facts, values)
 
 
 def _reraise(exc):
