@@ -86,7 +86,7 @@ def _resolve(module, node):
     subs = [f"{prefix}.{alias.name}" if prefix else alias.name for alias in node.names]
     modules = [sub for sub in subs if sub in MODULES]  # ``from . import ring`` imports a module
     # The package itself is a target unless only its submodules are imported
-    # from inside it (``from . import _small`` in algorithms/shm.py needs
+    # from inside it (``from . import _shm_steps`` in algorithms/shm.py needs
     # nothing of algorithms/__init__.py beyond what is already running).
     if len(modules) < len(subs) or not module.startswith(prefix + "."):
         targets.append(prefix)

@@ -11,7 +11,7 @@
   the communicator still right afterwards (the slots' parity agreed);
 * every compiled wait handed back to Python at once (a zero wait budget),
   so the steps resume from phases 1 and 2, and a rank later than the timeout;
-* the same for the agreement folded into the first step (``shm.mid_agreed``,
+* the same for the agreement folded into the first step (``_shm_steps.mid_agreed``,
   what "shm"'s ``agreed`` runs for these sizes; set aside to test the board's
   agreement followed by the compiled steps).
 """
@@ -33,13 +33,13 @@ from pycollective._context import get_context
 from pycollective._errors import (CollectiveError, CollectiveMismatch, CollectiveTimeout,
                                   CommunicatorBroken, PeerFailed)
 from pycollective._shmem import DOUBLE_LIMIT
-from pycollective.algorithms import _mid, shm
+from pycollective.algorithms import _mid, _shm_steps, shm
 from _data import (MPI_OPS, bitwise_equal, check_allreduce, env, exact_reduce, exact_values,
                    random_values, rounding_bound)
 
 OPS = ["sum", "prod", "max", "min"]
-DTYPES = sorted(str(d) for d in shm._COMPILED)
-SMALL = 4 << 10  # the small path's limit (shm._REPLICATE_BYTES)
+DTYPES = sorted(str(d) for d in _shm_steps.COMPILED)
+SMALL = 4 << 10  # the small path's limit (shm.REPLICATE_BYTES)
 
 
 def _counts(nranks, itemsize):
@@ -50,7 +50,7 @@ def _counts(nranks, itemsize):
 
 
 @contextmanager
-def _counting(name, module=shm):
+def _counting(name, module=_shm_steps):
     """Count the calls of ``module.<name>`` (and still make them)."""
     hits = [0]
     original = getattr(module, name)
@@ -68,25 +68,25 @@ def _counting(name, module=shm):
 @contextmanager
 def _python_path():
     """Every mid-size "shm" call through the Python steps."""
-    original = shm._mid_compiled
-    shm._mid_compiled = lambda node, call, dst: False
+    original = _shm_steps.mid_compiled
+    _shm_steps.mid_compiled = lambda node, call, dst: False
     try:
         yield
     finally:
-        shm._mid_compiled = original
+        _shm_steps.mid_compiled = original
 
 
 @contextmanager
 def _python_agreement():
     """"shm"'s agreement for the mid sizes through the board, then the compiled steps
-    (:func:`shm.mid_agreed` and the repeated call's prepared one stand aside: their
+    (:func:`_shm_steps.mid_agreed` and the repeated call's prepared one stand aside: their
     one gate says no), as for a call whose slots must grow first."""
-    original = shm._mid_agreed_runs
-    shm._mid_agreed_runs = lambda *args: False
+    original = _shm_steps._mid_agreed_runs
+    _shm_steps._mid_agreed_runs = lambda *args: False
     try:
         yield
     finally:
-        shm._mid_agreed_runs = original
+        _shm_steps._mid_agreed_runs = original
 
 
 def _fresh(world=MPI.COMM_WORLD):
@@ -125,7 +125,7 @@ def test_every_compiled_dtype_and_op_exact(layouts):
             _grow(comm)
             # a shape's first call takes the full path (the board's agreement, then
             # the compiled steps), a repeated one the agreed step
-            with _counting("_mid_data") as hits, _counting("agreed_step", _mid) as agreed:
+            with _counting("mid_data") as hits, _counting("agreed_step", _mid) as agreed:
                 for dtype in DTYPES:
                     counts = _counts(comm.Get_size(), np.dtype(dtype).itemsize)
                     if label != "world":
@@ -154,7 +154,7 @@ def test_rounding_same_bits_as_the_python_path(dtype, op):
             send = random_values(r, count, dtype, op)
             original = send.copy()
             compiled, python = np.empty_like(send), np.empty_like(send)
-            with _counting("_mid_data") as hits:
+            with _counting("mid_data") as hits:
                 pycollective.allreduce(send, compiled, op, comm=comm, algorithm="shm")
             assert hits[0] == 1
             with _python_path():

@@ -287,10 +287,10 @@ def _breakdown_options(p):
 
 
 def _breakdown_check(args, parser, nranks):
-    small = [m for m in args.M if m * np.dtype(args.dtype).itemsize <= shm._REPLICATE_BYTES]
+    small = [m for m in args.M if m * np.dtype(args.dtype).itemsize <= shm.REPLICATE_BYTES]
     if small:
         parser.error(f"--M {small[0]}: the breakdown covers messages above "
-                     f"{shm._REPLICATE_BYTES} bytes (smaller ones take one sync and no phases)")
+                     f"{shm.REPLICATE_BYTES} bytes (smaller ones take one sync and no phases)")
     check_exact(parser, args, nranks)
 
 

@@ -1,0 +1,429 @@
+"""shm's compiled steps from Python: the glue and the prepared repeated calls.
+
+``shm.py`` is the algorithm (its protocol, the Python steps, the single
+copy, the state, the cost); the small and sliced paths also run as one
+compiled call each (:mod:`._small`, :mod:`._mid`).  This module is what
+stands between the two: which calls the compiled steps run
+(:func:`compiled`, :func:`mid_compiled`), their arguments (the slot views,
+the targets and header sets of :meth:`NodeGroup.compiled_step`), and what
+follows them in Python (a slow rank's wait with the deadline, ranks that
+disagree, a rank that went the longer way, headers that differ).
+
+:class:`RepeatedSmall` and :class:`RepeatedMid` are the same calls prepared
+for one dtype and size (the registry's ``repeated``), with the fast way of
+``_call.run_remembered`` (``fast``: the call numbered, its compiled step,
+no call record unless the step hands the call back).
+"""
+
+import functools
+
+import numpy as np
+
+from .._partition import chunk_bounds
+from .._shmem import DOUBLE_LIMIT, FP_WORDS
+from . import _mid, _small
+
+__all__ = ["REPLICATE_BYTES", "COMPILED", "compiled", "small_data", "small_agreed",
+           "mid_compiled", "mid_data", "mid_agreed", "repeated"]
+
+REPLICATE_BYTES = 4 << 10     # up to this, every rank reduces the whole vector
+_F16 = np.dtype(np.float16)
+COMPILED = {np.dtype(t) for t in ("float16", "float32", "float64", "int8", "int16", "int32",
+                                  "int64", "uint8", "uint16", "uint32", "uint64")}
+
+def compiled(state, call, dst, board=None):
+    node = state.node
+    return (state.error is None and call is not None and dst.nbytes <= REPLICATE_BYTES
+            and node.capacity >= 2 * dst.nbytes and dst.dtype in COMPILED
+            and (board is None or getattr(board, "group", None) is node.group))
+
+
+def small_data(node, call, src, dst):
+    """The small path's data step in compiled code (the slots are big enough already)."""
+    group = node.group
+    target, publish, checking = group.compiled_step(call, check=True)
+    if checking is None:  # an earlier step of the call compared them: again, no harm
+        checking = group.header_set()
+    offset, _ = node.begin(dst.nbytes)
+    half = dst.dtype == _F16
+    if half:
+        src, dst = src.view(np.uint16), dst.view(np.uint16)
+    rows = node.rows(offset, dst.size, dst.dtype)
+    op = call.fingerprint[3]
+    step = _small.data_step_half if half else _small.data_step
+    verdict = step(group.barrier.words, group.rank, group.size, target, rows, src,
+                   publish if publish is not None else checking, publish is not None,
+                   call.number, call.fingerprint_words, checking, dst, op)
+    if verdict == _small.LATE:
+        group.barrier.wait(target)  # a slow rank: wait on with the deadline
+        reduce = _small.reduce_half if half else _small.reduce
+        verdict = reduce(checking, group.rank, group.size, rows, dst, op)
+    if verdict == _small.HEADERS_DIFFER:
+        group.check(call, checking)  # raises, naming who is in which call
+
+
+def small_agreed(node, call, src, dst, values, board):
+    """The agreement and the small path's data in one compiled step; False if ranks disagree.
+
+    The data go into the slot region ``begin`` would give, but the region is
+    taken (``begin``, which alternates them) only once every rank's row is
+    seen equal: after a disagreement, which every rank sees and raises, the
+    communicator stays usable and all ranks must still use the same region
+    next.  Writing the region early is safe: its last readers finished the
+    call before last, since every rank entered the last call's sync.
+    """
+    target, headers = _folded_step(node.group, call)
+    offset = node.parity * (node.capacity // 2)  # what begin() returns below
+    half = dst.dtype == _F16
+    rows = node.rows(offset, dst.size, np.uint16 if half else dst.dtype)
+    step = _small.agreed_step_half if half else _small.agreed_step
+    return _small_agreed_step(node, call, src, dst, values, board, step, target, rows, headers)
+
+
+def _small_agreed_step(node, call, src, dst, values, board, step, target, rows, headers):
+    """:func:`small_agreed` once its target, slot rows and header set are known."""
+    group = node.group
+    rows_board = board.take()
+    half = step is _small.agreed_step_half
+    data_src, data_dst = (src.view(np.uint16), dst.view(np.uint16)) if half else (src, dst)
+    verdict = step(group.barrier.words, group.rank, group.size, target, rows_board, values, rows,
+                   data_src, headers, call.number, call.fingerprint_words, data_dst,
+                   call.fingerprint[3])
+    return _small_after(node, call, src, dst, values, board, step, target, rows, headers,
+                        rows_board, verdict)
+
+
+def _small_after(node, call, src, dst, values, board, step, target, rows, headers, rows_board,
+                 verdict):
+    """What follows the folded step's compiled call: done, a slow rank, a disagreement,
+    a rank that went the longer way, or headers that differ."""
+    group = node.group
+    if verdict == _small.DONE:
+        node.begin(dst.nbytes)
+        return True
+    half = step is _small.agreed_step_half
+    data_dst = dst.view(np.uint16) if half else dst
+    op = call.fingerprint[3]
+    if verdict == _small.LATE:
+        group.barrier.wait(target)  # a slow rank: wait on with the deadline
+        verdict = _small.rows_verdict(rows_board, values, group.size)
+        if verdict == _small.DONE:
+            reduce = _small.reduce_half if half else _small.reduce
+            verdict = reduce(headers, group.rank, group.size, rows, data_dst, op)
+    if verdict == _small.DISAGREE:
+        board.fold(rows_board, values)
+        return False
+    if verdict == _small.UNFOLDED:
+        # A rank agreed through the board alone and posts its data before its
+        # next sync: the data step (posting ours again) meets it there.
+        small_data(node, call, src, dst)
+        return True
+    if verdict == _small.HEADERS_DIFFER:
+        group.check(call, headers)  # raises, naming who is in which call
+    node.begin(dst.nbytes)
+    return True
+
+
+def _folded_step(group, call):
+    """The target and the call's header set of a step that folds the agreement in.
+
+    The header set is the one published now (the call's first step, as on
+    the fast path), else the one published earlier in the call and written
+    again alike (auto's trials, whose call agreed first).
+    """
+    target, publish, checking = group.compiled_step(call, check=True)
+    if publish is not None:
+        return target, publish
+    return target, checking if checking is not None else group.header_set()
+
+
+# --- the sliced path (4 KiB - 1 MiB, two alternating regions) in compiled code -----------
+
+def mid_compiled(node, call, dst):
+    """Whether :mod:`._mid` runs this call: a sliced two-region size whose slots are big
+    enough already (else the Python path grows them, collectively) and a compiled dtype."""
+    nbytes = dst.nbytes
+    return (call is not None and REPLICATE_BYTES < nbytes <= DOUBLE_LIMIT
+            and node.capacity >= 2 * nbytes and dst.dtype in COMPILED)
+
+
+def mid_data(node, call, src, dst):
+    """The sliced path's steps in compiled code, with :meth:`NodeGroup.compiled_step`'s
+    targets and header sets (one per sync, as the Python path's two syncs)."""
+    group = node.group
+    first, publish, checking = group.compiled_step(call, check=True)
+    second, _, _ = group.compiled_step(call, check=True)
+    if checking is None:  # an earlier step of the call compared them: again, no harm
+        checking = group.header_set()
+    offset, _ = node.begin(dst.nbytes)
+    args = _mid_args(node, call, offset, src, dst, publish, checking)
+    verdict, phase = _mid.step(group.barrier.words, group.rank, group.size, 0, first, second,
+                               *args)
+    _mid_resume(group, call, verdict, phase, first, second, args, checking)
+
+
+def _mid_args(node, call, offset, src, dst, publish, checking):
+    """:func:`._mid.step`'s arguments after the targets: slots, buffers, headers, op."""
+    half = dst.dtype == _F16
+    slots = _mid_slots(node, np.dtype(np.uint16) if half else dst.dtype, offset)
+    return _mid_call_args(slots, _slice_bounds(dst.size, node.size), half, call.number,
+                          call.fingerprint_words, call.fingerprint[3], src, dst, publish,
+                          checking)
+
+
+def _mid_slots(node, dtype, offset):
+    """The step's slot arguments for the region at byte ``offset``: the segment as one
+    array of ``dtype`` (:meth:`SharedSlots.flat`), the slot stride and the region's base."""
+    itemsize = dtype.itemsize
+    return node.flat(dtype), node.capacity // itemsize, offset // itemsize
+
+
+def _mid_call_args(slots, bounds, half, number, words, op, src, dst, publish, checking):
+    """(``number``, ``words``, ``op``: the call's number, fingerprint words and op code.)"""
+    if half:
+        src, dst = src.view(np.uint16), dst.view(np.uint16)
+    flat, stride, base = slots
+    return (flat, stride, base, src, dst, bounds,
+            _NO_HEADERS if publish is None else publish, number, words,
+            _NO_HEADERS if checking is None else checking, op + (_mid.HALF if half else 0))
+
+
+def _mid_resume(group, call, verdict, phase, first, second, args, checking):
+    """After a compiled step: wait on (with the deadline) and resume; raise on a mismatch."""
+    while verdict == _mid.LATE:
+        group.barrier.wait(first if phase == 1 else second)  # a slow rank
+        verdict, phase = _mid.step(group.barrier.words, group.rank, group.size, phase, first,
+                                   second, *args)
+    if verdict == _mid.HEADERS_DIFFER:
+        group.check(call, checking)  # raises, naming who is in which call
+
+
+def mid_agreed(state, call, src, dst, values, board):
+    """shm's ``agreed`` for the sliced two-region sizes: the agreement row is
+    posted with the copy-in (:func:`._mid.agreed_step`), one sync instead of two.
+
+    Returns None where it does not apply (the caller goes on as before), else
+    what shm's ``agreed`` returns: False with ``values`` the MAX over the ranks
+    when they disagree, True once the allreduce is done.  Ranks that make
+    the same call decide alike, and ranks that disagree meet at the first
+    target whichever of the small, this or the Python agreement they take.
+    """
+    if not _mid_agreed_runs(state, call, dst, board):
+        return None
+    node = state.node
+    group = node.group
+    first, headers = _folded_step(group, call)
+    second, _, _ = group.compiled_step(call, check=True)
+    # The region node.begin will hand out; it takes it (flips the parity)
+    # only once the ranks are known to agree, so that after a disagreement
+    # (a ValueError on every rank, the communicator still usable) every rank
+    # still agrees on the parity.
+    offset = node.parity * (node.capacity // 2)
+    args = _mid_args(node, call, offset, src, dst, headers, headers)
+    return _mid_agreed_step(node, call, dst.nbytes, values, board, first, second, args, headers)
+
+
+def _mid_agreed_runs(state, call, dst, board):
+    """Whether :func:`mid_agreed` runs this call (the same on every rank that makes it)."""
+    node = state.node
+    return (state.error is None and mid_compiled(node, call, dst)
+            and getattr(board, "group", None) is node.group)
+
+
+def _mid_agreed_step(node, call, nbytes, values, board, first, second, args, headers):
+    """:func:`mid_agreed` once its targets and :func:`._mid.step`'s arguments are known."""
+    group = node.group
+    rows = board.take()
+    verdict, phase = _mid.agreed_step(group.barrier.words, group.rank, group.size, first, second,
+                                      rows, values, *args)
+    return _mid_after(node, call, nbytes, values, board, first, second, args, headers, rows,
+                      verdict, phase)
+
+
+def _mid_after(node, call, nbytes, values, board, first, second, args, headers, rows, verdict,
+               phase):
+    """What follows :func:`._mid.agreed_step`: done, a slow rank, a disagreement, a rank
+    that went the longer way, or headers that differ."""
+    group = node.group
+    words = group.barrier.words
+    late = verdict == _mid.LATE and phase == 1  # before the rows were compared
+    if late:
+        group.barrier.wait(first)  # a slow rank: wait on with the deadline
+        verdict = _small.rows_verdict(rows, values, group.size)
+    if verdict == _mid.DISAGREE:
+        board.fold(rows, values)
+        return False
+    node.begin(nbytes)  # the call proceeds: its region is taken
+    if verdict == _mid.UNFOLDED:
+        # A rank agreed through the board alone: it copies in before its next
+        # sync, the second target here.  Follow its steps from the copy-in
+        # (again: the same data into the same place) with targets two and three.
+        third, _, _ = group.compiled_step(call, check=True)
+        verdict, phase = _mid.step(words, group.rank, group.size, 0, second, third, *args)
+        _mid_resume(group, call, verdict, phase, second, third, args, headers)
+        return True
+    if late:
+        verdict, phase = _mid.step(words, group.rank, group.size, 1, first, second, *args)
+    _mid_resume(group, call, verdict, phase, first, second, args, headers)
+    return True
+
+
+_NO_HEADERS = np.zeros((0, FP_WORDS), np.int64)  # no header set to write or compare
+
+
+@functools.lru_cache(maxsize=64)
+def _slice_bounds(count, size):
+    bounds = np.array(chunk_bounds(count, size), np.int64)
+    bounds.flags.writeable = False
+    return bounds
+
+
+class _Repeated:
+    """shm's agreed call for the repeated calls of one dtype and size (the registry's
+    ``repeated``; :mod:`pycollective._fastpath` keeps it in the call's plan).
+
+    What :func:`small_agreed` and :func:`mid_agreed` look up on every call
+    (the state, the slot views of both regions, the compiled step and its
+    arguments) is resolved once; a call does their bookkeeping and the
+    compiled step, nothing else in Python.  Until the slots exist, and
+    whenever they changed since (grown by a larger call, freed), it resolves
+    again; where its path cannot run it runs ``fallback`` (shm's ``agreed``,
+    ``fallback(ctx, src, dst, kernel, values, board)``).  ``key``: the context's
+    key of shm's state (its ``node``: the slots), looked up, never built, here.
+    """
+
+    def __init__(self, ctx, dst, kernel, board, key, fallback):
+        self.ctx, self.count, self.kernel, self.board = ctx, dst.size, kernel, board
+        self.key, self.fallback = key, fallback
+        self.half = dst.dtype == _F16
+        self.dtype = np.dtype(np.uint16) if self.half else dst.dtype
+        self.node = self.segment = None
+        self.views = ()
+
+    def _resolve(self, state, call, dst):
+        """The views of both regions, or () where this path cannot run."""
+        raise NotImplementedError
+
+    def __call__(self, ctx, call, values, src, dst):
+        """The prepared call on the resolved slots; :meth:`_again` when they changed.
+        (Each subclass's own, so a repeated call is one Python frame here, not two.)"""
+        raise NotImplementedError
+
+    def _again(self, ctx, call, values, src, dst):
+        """Resolve again (first call, slots grown or freed since), then run."""
+        self.node, self.segment, self.views = None, None, ()  # drop the old slots' views
+        state = ctx.peek(self.key)
+        views = () if state is None or state.node is None else self._resolve(state, call, dst)
+        if not views:
+            return self.fallback(ctx, src, dst, self.kernel, values, self.board)
+        node = state.node
+        self.node, self.segment, self.views = node, node.segment, views
+        return self(ctx, call, values, src, dst)
+
+
+class RepeatedSmall(_Repeated):
+    """:func:`small_agreed`, prepared: ``views`` are both regions' slot rows."""
+
+    def __init__(self, ctx, dst, kernel, board, key, fallback):
+        super().__init__(ctx, dst, kernel, board, key, fallback)
+        self.step = _small.agreed_step_half if self.half else _small.agreed_step
+        self.nbytes = dst.nbytes
+
+    def _resolve(self, state, call, dst):
+        if not compiled(state, call, dst, self.board):
+            return ()
+        node = state.node
+        half_capacity = node.capacity // 2  # the two regions begin() alternates
+        return tuple(node.rows(p * half_capacity, self.count, self.dtype) for p in (0, 1))
+
+    def __call__(self, ctx, call, values, src, dst):
+        node = self.node
+        if node is None or node.segment is not self.segment:
+            return self._again(ctx, call, values, src, dst)
+        target, headers = _folded_step(node.group, call)
+        return _small_agreed_step(node, call, src, dst, values, self.board, self.step, target,
+                                  self.views[node.parity], headers)
+
+    def fast(self, number, plan, src, dst):
+        """The call numbered ``number`` as one compiled step and its bookkeeping; None once
+        done, else the rest (see ``_call.run_remembered``)."""
+        node = self.node
+        if node is None or node.segment is not self.segment:
+            return self  # nothing done yet: the whole call, with its record
+        group = node.group
+        target, headers = group.opening_steps(number, 1)
+        board = self.board.take()
+        rows = self.views[node.parity]
+        if self.half:
+            src, dst = src.view(np.uint16), dst.view(np.uint16)
+        verdict = self.step(group.barrier.words, group.rank, group.size, target, board,
+                            plan.template, rows, src, headers, number, plan.words, dst,
+                            plan.fingerprint[3])
+        if verdict == _small.DONE:
+            node.begin(self.nbytes)
+            return None
+        return functools.partial(self._rest, target, rows, headers, board, verdict)
+
+    def _rest(self, target, rows, headers, board, verdict, ctx, call, values, src, dst):
+        return _small_after(self.node, call, src, dst, values, self.board, self.step, target,
+                            rows, headers, board, verdict)
+
+
+class RepeatedMid(_Repeated):
+    """:func:`mid_agreed`, prepared: ``views`` are both regions' :func:`_mid_slots`."""
+
+    def __init__(self, ctx, dst, kernel, board, key, fallback):
+        super().__init__(ctx, dst, kernel, board, key, fallback)
+        self.nbytes = dst.nbytes
+        self.bounds = None
+
+    def _resolve(self, state, call, dst):
+        if not _mid_agreed_runs(state, call, dst, self.board):
+            return ()
+        node = state.node
+        self.bounds = _slice_bounds(self.count, node.size)
+        return tuple(_mid_slots(node, self.dtype, p * (node.capacity // 2)) for p in (0, 1))
+
+    def __call__(self, ctx, call, values, src, dst):
+        node = self.node
+        if node is None or node.segment is not self.segment:
+            return self._again(ctx, call, values, src, dst)
+        group = node.group
+        first, headers = _folded_step(group, call)
+        second, _, _ = group.compiled_step(call, check=True)
+        args = _mid_call_args(self.views[node.parity], self.bounds, self.half, call.number,
+                              call.fingerprint_words, call.fingerprint[3], src, dst, headers,
+                              headers)
+        return _mid_agreed_step(node, call, self.nbytes, values, self.board, first, second,
+                                args, headers)
+
+    def fast(self, number, plan, src, dst):
+        """:meth:`RepeatedSmall.fast` for the sliced path."""
+        node = self.node
+        if node is None or node.segment is not self.segment:
+            return self
+        group = node.group
+        first, headers = group.opening_steps(number, 2)
+        args = _mid_call_args(self.views[node.parity], self.bounds, self.half, number,
+                              plan.words, plan.fingerprint[3], src, dst, headers, headers)
+        rows = self.board.take()
+        verdict, phase = _mid.agreed_step(group.barrier.words, group.rank, group.size, first,
+                                          first + 1, rows, plan.template, *args)
+        if verdict == _mid.DONE:
+            node.begin(self.nbytes)
+            return None
+        return functools.partial(self._rest, first, args, headers, rows, verdict, phase)
+
+    def _rest(self, first, args, headers, rows, verdict, phase, ctx, call, values, src, dst):
+        return _mid_after(self.node, call, self.nbytes, values, self.board, first, first + 1,
+                          args, headers, rows, verdict, phase)
+
+
+def repeated(ctx, dst, kernel, board, key, fallback):
+    """A prepared small or sliced path for ``dst``'s dtype and size, else None
+    (``key``, ``fallback``: see :class:`_Repeated`)."""
+    if dst.dtype not in COMPILED or dst.nbytes > DOUBLE_LIMIT:
+        return None
+    if dst.nbytes <= REPLICATE_BYTES:
+        return RepeatedSmall(ctx, dst, kernel, board, key, fallback)
+    return RepeatedMid(ctx, dst, kernel, board, key, fallback)
