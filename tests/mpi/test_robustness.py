@@ -19,14 +19,14 @@ def _nan_data(rank, count, dtype):
     top = 1 << (8 * kind.itemsize - 1)
     mant = {2: 10, 4: 23, 8: 52}[kind.itemsize]
     expo = ((1 << (8 * kind.itemsize - 1 - mant)) - 1) << mant
-    for i in range(0, count, 3):
-        # every third element: a NaN on every rank, with a payload and a sign
-        # that depend on the rank (and on some ranks only, a number)
-        if i % 9 == 6 and rank % 2:
-            continue
-        payload = 1 + (rank * 7 + i) % ((1 << mant) - 1)
-        sign = top if (i // 3 + rank) % 2 else 0
-        bits[i] = kind.type(sign | expo | payload)
+    # every third element: a NaN on every rank, with a payload and a sign
+    # that depend on the rank (and on some ranks only, a number)
+    i = np.arange(0, count, 3)
+    if rank % 2:
+        i = i[i % 9 != 6]
+    payload = (1 + (rank * 7 + i) % ((1 << mant) - 1)).astype(kind)
+    sign = np.where((i // 3 + rank) % 2 == 1, kind.type(top), kind.type(0))
+    bits[i] = sign | kind.type(expo) | payload
     return x
 
 
