@@ -6,6 +6,7 @@ No MPI here: the launches themselves are what `benchmarks/peers/run.sh` runs.
 import csv
 import json
 import importlib.util
+import time
 from pathlib import Path
 
 import numpy as np
@@ -210,3 +211,23 @@ def test_a_size_is_timed_once_the_backend_settled(after, settling):
     assert be.calls == 2 + settling + 4
     assert row["wrong"] == 0 and len(row["times"]) == 4
     assert row["pick"] == ("shm" if after <= 2 + settling else "")
+
+
+class _SlowFirst(_Settling):
+    """A backend whose first call at a size takes 0.2 s (it builds state), the rest none."""
+
+    def __init__(self):
+        super().__init__(0)
+
+    def call(self):
+        if self.calls == 0:
+            time.sleep(0.2)
+        super().call()
+
+
+def test_the_budget_is_judged_from_the_fastest_warm_up_call():
+    """A slow first call (state built at a new size) must not cut the repetitions of a
+    fast one: with a 0.5 s budget the mean of two warm-up calls (0.1 s) allowed 5."""
+    be = _SlowFirst()
+    row = point.measure(be, 5, iters=40, warmup=2, budget=0.5, min_iters=3)
+    assert row["iters"] == 40 and be.calls == 2 + 40

@@ -18,7 +18,7 @@ MPICH's included; docs/results/2026-12-01-loops.md):
   candidates), then repetitions of: prepare the buffers (outside the
   timing), barrier, ``perf_counter`` around one call;
 * the repetitions are ``--iters``, or fewer when ``--budget`` is set: as many
-  as fit in that many seconds judged from the warm-up (never fewer than
+  as fit in that many seconds judged from the fastest warm-up call (never fewer than
   ``--min-iters``), agreed across ranks;
 * a repetition's time is the maximum over ranks; the row's time is the
   median over repetitions;
@@ -282,13 +282,17 @@ def measure(be, count, *, iters, warmup, budget, min_iters):
         worst, maxerr = max(worst, n), max(maxerr, err)
         return seconds
 
-    spent = sum(one() for _ in range(warmup))
+    warm = [one() for _ in range(warmup)]
     settling = 0  # more warm-up calls (checked alike) until the backend has settled
     while settling < SETTLE_CALLS and be.reduce([0 if be.settled() else 1], "max")[0]:
-        one()
+        warm.append(one())
         settling += 1
-    if budget is not None and warmup > 0:
-        per_call = be.reduce([spent / warmup], "max")[0]
+    if budget is not None and warm:
+        # The fastest warm-up call, not their mean: the first call at a size
+        # builds state (shared slots, compiled steps, MPI's own buffers), and
+        # its 0.4 s and more left 3-4 repetitions of a 10-100 us call (the
+        # first algorithm of a launch at 1e3; 2026-12-02T0139Z-peers).
+        per_call = be.reduce([min(warm)], "max")[0]
         if per_call > 0:
             iters = max(min_iters, min(iters, int(budget / per_call)))
     local = [one() for _ in range(iters)]
