@@ -201,6 +201,12 @@ def first(name):
         importlib.import_module(name)
     except BaseException:
         return "import " + name + " failed:\\n" + traceback.format_exc()[-2000:]
+    finally:
+        # A pool's worker leaves through os._exit, past mpi4py's atexit: the
+        # MPI library it started must end here, or MPICH's segments stay in /dev/shm.
+        MPI = sys.modules.get("mpi4py.MPI")
+        if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized():
+            MPI.Finalize()
 
 with multiprocessing.get_context("fork").Pool(2, maxtasksperchild=1) as pool:
     print(json.dumps(pool.map(first, sys.argv[1:], chunksize=1)))
