@@ -31,7 +31,12 @@ _F16 = np.dtype(np.float16)
 COMPILED = {np.dtype(t) for t in ("float16", "float32", "float64", "int8", "int16", "int32",
                                   "int64", "uint8", "uint16", "uint32", "uint64")}
 
+
+# --- the small path (up to REPLICATE_BYTES, one sync) in compiled code --------------------
+
 def compiled(state, call, dst, board=None):
+    """Whether :mod:`._small` runs this call: a small size whose slots are big enough
+    already, a compiled dtype, and (with ``board``) the agreement on the node's own board."""
     node = state.node
     return (state.error is None and call is not None and dst.nbytes <= REPLICATE_BYTES
             and node.capacity >= 2 * dst.nbytes and dst.dtype in COMPILED
@@ -277,6 +282,8 @@ def _slice_bounds(count, size):
     bounds.flags.writeable = False
     return bounds
 
+
+# --- prepared repeated calls (the registry's ``repeated``) ---------------------------------
 
 class _Repeated:
     """shm's agreed call for the repeated calls of one dtype and size (the registry's
