@@ -32,7 +32,7 @@ LAYERS = [
      "model.params", "model.choice", "model.fit", "model.ledger", "model.topology",
      "model.tuning"},
     {"_call"},
-    {"_collectives"},
+    {"_collectives", "_options"},
     # what the drop-in is built from: its argument plans and its nonblocking engine
     {"_plans", "_nonblocking"},
     {"comm", "bucketing", "training", "bench", "bench.*", "model.calibration", "model.__main__", ""},
@@ -43,6 +43,7 @@ LAYERS = [
 # Where the core may reach into an algorithm module, and why.
 ALGORITHM_IMPORTS_ALLOWED = {
     ("_collectives", "algorithms"): "importing the package registers every algorithm",
+    ("_options", "algorithms"): "algorithms() lists what importing the package registers",
     ("model.calibration", "algorithms._p2p"): "calibration times the algorithms' own Sendrecv",
 }
 

@@ -13,9 +13,8 @@ package's layers, each importing only those below it, are described in
 import logging
 from importlib import metadata as _metadata
 
-from ._collectives import (algorithms, allgather, allgatherv, allreduce, bcast, broadcast,
-                           reduce, reduce_scatter, set_check, set_timeout, unusable_algorithms,
-                           usable_algorithms)
+from ._collectives import allgather, allgatherv, allreduce, bcast, broadcast, reduce, reduce_scatter
+from ._options import algorithms, set_check, set_timeout, unusable_algorithms, usable_algorithms
 from ._errors import (CollectiveError, CollectiveMismatch, CollectiveTimeout, CommunicatorBroken,
                       ConfigurationError, PeerFailed, ReplicaMismatch, StallWarning)
 from ._partition import partition

@@ -42,7 +42,7 @@ from mpi4py import MPI
 
 from . import compression as _compression
 from ._buffers import is_in_place, log_fallback
-from ._collectives import COLLECTIVES, algorithms
+from ._options import COLLECTIVES, algorithms
 from ._context import comm_settings
 from ._nonblocking import Job, Request, engine_for
 from ._nonblocking import thread_multiple as _thread_multiple  # tests replace it here

@@ -89,7 +89,7 @@ def test_latency():
         assert r["wrong"] == 0 and r["identical"] and r["inner"] == 3 and r["time"] > 0
     assert bench.failures(rows) == []
     assert _agreed(comm, rows)
-    assert pycollective._collectives.check_enabled()  # the agreement step is on again
+    assert pycollective._options.check_enabled()  # the agreement step is on again
 
 
 @pytest.mark.mpi(min_size=2)

@@ -12,6 +12,7 @@ from mpi4py import MPI
 
 from .. import _auto
 from .. import _collectives as _api
+from .. import _options as _opts
 from .._context import get_context
 from .._exact import compare, fill_exact
 from .._kernels import BFLOAT16
@@ -327,7 +328,7 @@ class _Beliefs:
         calibrated = self.calibrated(count, dtype)
         pick = self.pick(count, dtype, op)
         decided = self.state.decision(count, np.dtype(dtype), op) is not None
-        everyone = list(dict.fromkeys(_api.algorithms() + [n for n in names if n != "auto"]))
+        everyone = list(dict.fromkeys(_opts.algorithms() + [n for n in names if n != "auto"]))
         rows = [(n, self.bare(n, count, dtype), calibrated.get(n)) for n in everyone]
         f = self.flat
         lines = [f"# model for N={self.nranks}, M={count} {np.dtype(dtype).name} {op}: "
@@ -394,7 +395,7 @@ def usable(names, session):
     report's ``skipped``; collective (the answer is agreed, see
     :func:`pycollective.unusable_algorithms`).
     """
-    reasons = _api.unusable_algorithms(session.comm)
+    reasons = _opts.unusable_algorithms(session.comm)
     kept = []
     for n in names:
         if n in reasons:
@@ -430,7 +431,7 @@ def run(args, session):
                                   what="--predict-with")
     beliefs = _Beliefs(state, nranks, predict)
     cases = [algorithm_case(n) for n in names]
-    previous_check = _api.set_check(not args.no_agree)
+    previous_check = _opts.set_check(not args.no_agree)
     rows = []
     progress = session.progress(len(args.counts) * len(args.modes))
     try:
@@ -463,7 +464,7 @@ def run(args, session):
                 rows.extend(got)
                 progress.step(f"{count} el {'ip' if inplace else 'oop'}")
     finally:
-        _api.set_check(previous_check)
+        _opts.set_check(previous_check)
         if args.params is not None:  # the communicator's own calibration again
             get_context(comm).put(_auto.KEY, previous)
 

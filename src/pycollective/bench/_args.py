@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 
-from .. import _collectives as _api
+from .. import _options as _opts
 from .._exact import exact_values
 from .._kernels import SUPPORTED_DTYPES
 from .._ops import MPI_OPS
@@ -66,7 +66,7 @@ def expand_algorithms(names):
     names = [names] if isinstance(names, str) else names
     expanded = []
     for name in names:
-        for n in (_api.algorithms() if name == "all" else [name]):
+        for n in (_opts.algorithms() if name == "all" else [name]):
             if n not in expanded:
                 expanded.append(n)
     return expanded
@@ -76,7 +76,7 @@ def add_algorithms_argument(p, default="all"):
     """The positional ALGORITHM list; its choices come from the registry."""
     # "auto" times allreduce(algorithm="auto") itself (choice included); "all"
     # is every registered algorithm (not auto: it is one of them).
-    choices = _api.algorithms() + ["auto", "all"]
+    choices = _opts.algorithms() + ["auto", "all"]
     # a string default: argparse checks a nargs="*" default against choices.
     p.add_argument("algorithms", nargs="*", metavar="ALGORITHM", choices=choices,
                    default=default,

@@ -25,6 +25,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import _collectives as _api
+from .. import _options as _opts
 from .. import compression
 from .._table import fmt_num, format_table
 from .._timing import rounds
@@ -79,7 +80,7 @@ def _options(p):
                      "against uncompressed float32: bytes, time and error against the bound.")
     p.add_argument("--M", type=count_arg, nargs="+", default=[10 ** 5, 10 ** 6, 10 ** 7, 10 ** 8],
                    metavar="COUNT", help="float32 elements per rank (1e5 1e6 1e7 1e8)")
-    p.add_argument("--algorithm", default="ring", choices=_api.algorithms(),
+    p.add_argument("--algorithm", default="ring", choices=_opts.algorithms(),
                    help="the allreduce algorithm, the same for all three (ring)")
     p.add_argument("--reps", type=positive_int, default=5, help="timed repetitions (5)")
 
@@ -89,7 +90,7 @@ def _options(p):
 def compress(args, session):
     """One row per (M, way); collective."""
     comm, n = session.comm, session.nranks
-    reasons = _api.unusable_algorithms(comm)
+    reasons = _opts.unusable_algorithms(comm)
     if args.algorithm in reasons:
         session.skip(args.algorithm, reasons[args.algorithm])
         return []

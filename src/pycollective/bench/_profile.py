@@ -21,6 +21,7 @@ from mpi4py import MPI
 
 from .. import _agree, _fastpath
 from .. import _collectives as _api
+from .. import _options as _opts
 from .._atomics import CAN_SLEEP
 from .._context import get_context
 from .._exact import compare, fill_exact
@@ -63,7 +64,7 @@ def _mode(sleep):
 
 def _shm_reason(session):
     """Why "shm" cannot be profiled on the session's communicator, or None (collective)."""
-    reason = _api.unusable_algorithms(session.comm).get("shm")
+    reason = _opts.unusable_algorithms(session.comm).get("shm")
     if reason is None and session.nranks < 2:
         # allreduce returns at once on one rank; there is nothing to profile
         reason = "one rank: allreduce sends nothing"
@@ -96,7 +97,7 @@ def pieces(session, seconds):
     def whole():
         _api.allreduce(x, out, MPI.SUM, comm=comm, algorithm="shm")
 
-    previous = _api.set_check(False)
+    previous = _opts.set_check(False)
     try:
         whole()  # builds the window and this shape's fast-path plan
         node = shm._state(ctx).node
@@ -130,7 +131,7 @@ def pieces(session, seconds):
         rows = []
         progress = session.progress(len(steps))
         for name, within, fn, agree in steps:
-            _api.set_check(agree)
+            _opts.set_check(agree)
             for _ in range(20):  # a switch of the agreement step rebuilds state: not timed
                 fn()
             inner = calls_for_budget(comm, fn, seconds / (_PIECE_REPS + 1), cap=100_000)
@@ -142,7 +143,7 @@ def pieces(session, seconds):
             progress.step(name[:24])
         rows += _wait_pieces(comm, session.nranks, node.group, whole, seconds)
     finally:
-        _api.set_check(previous)
+        _opts.set_check(previous)
     cols = [("piece of a 1-element shm call", lambda r: r["name"]),
             ("part of", lambda r: r["within"] or "-"),
             ("calls/sample", lambda r: str(r["inner"])),
@@ -162,7 +163,7 @@ def _wait_pieces(comm, nranks, group, whole, seconds):
         return []
     barrier = group.barrier
     chosen = barrier.sleep, barrier.wakes
-    _api.set_check(True)
+    _opts.set_check(True)
     calls, inner, agree = {}, {}, {}
     try:
         for name, fn, agreement in (("allreduce(shm), agreement on", whole, True),

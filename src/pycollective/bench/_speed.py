@@ -14,6 +14,7 @@ import statistics
 import numpy as np
 
 from .. import _collectives as _api
+from .. import _options as _opts
 from .._table import fmt_num, format_table
 from .._timing import rounds
 from .._units import bytes_label, count_arg, size_arg
@@ -151,10 +152,10 @@ def latency(args, session):
     agrees = {"on": [True], "off": [False], "both": [True, False]}[args.agree]
     progress = session.progress(len(agrees) * len(args.M))
     calls = []
-    previous = _api.set_check(True)
+    previous = _opts.set_check(True)
     try:
         for agree in agrees:
-            _api.set_check(agree)
+            _opts.set_check(agree)
             for count in args.M:
                 got = compare_with_native(measure(
                     comm, ALLREDUCE, cases, count, dtype, args.op, iters=args.iters,
@@ -164,7 +165,7 @@ def latency(args, session):
                 calls.extend(got)
                 progress.step(f"{count} el agree {'on' if agree else 'off'}")
     finally:
-        _api.set_check(previous)
+        _opts.set_check(previous)
     cols = [("algorithm", lambda r: r["name"]), ("N", lambda r: str(r["nranks"])),
             ("M", lambda r: str(r["count"])), ("agree", lambda r: "on" if r["agree"] else "off"),
             ("inner", lambda r: str(r["inner"])), ("iters", lambda r: str(r["iters"])),

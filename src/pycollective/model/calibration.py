@@ -23,7 +23,8 @@ from mpi4py import MPI
 from .. import _timing
 from .._about import environment
 from .._auto import layout_of
-from .._collectives import allreduce, usable_algorithms
+from .._collectives import allreduce
+from .._options import usable_algorithms
 from .._context import get_context
 from .._shmem import node_comm
 from .._kernels import get_kernel
