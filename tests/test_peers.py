@@ -163,7 +163,7 @@ def test_library_names(text, short):
     assert compare.short_library(text) == short
 
 
-class _Settling:
+class _Settling(point.Backend):
     """A one-rank backend that settles after ``after`` calls (as auto decides a size)."""
 
     rank, nranks = 0, 1
@@ -200,17 +200,17 @@ class _Settling:
         return np.asarray(values, np.float64)
 
 
-@pytest.mark.parametrize("after, settling", [(0, 0), (2, 0), (7, 5), (10 ** 6, point.SETTLE_CALLS)])
+@pytest.mark.parametrize("after, settling", [(0, 0), (2, 2), (7, 7), (10 ** 6, point.SETTLE_CALLS)])
 def test_a_size_is_timed_once_the_backend_settled(after, settling):
-    """auto's tuning trials are warm-up, not timed: extra checked warm-up calls until the
-    backend says it settled (bounded), then the timed ones; the row says how many and
-    what auto picked."""
+    """auto's tuning trials are not timed: checked calls until the backend says it settled
+    (bounded), then the warm-up calls (the first settled call makes auto's plan), then
+    the timed ones; the row says how many and what auto picked."""
     be = _Settling(after)
     row = point.measure(be, 5, iters=4, warmup=2, budget=None, min_iters=1)
     assert row["settling"] == settling
-    assert be.calls == 2 + settling + 4
+    assert be.calls == settling + 2 + 4
     assert row["wrong"] == 0 and len(row["times"]) == 4
-    assert row["pick"] == ("shm" if after <= 2 + settling else "")
+    assert row["pick"] == ("shm" if after <= settling else "")
 
 
 class _SlowFirst(_Settling):
@@ -231,3 +231,36 @@ def test_the_budget_is_judged_from_the_fastest_warm_up_call():
     be = _SlowFirst()
     row = point.measure(be, 5, iters=40, warmup=2, budget=0.5, min_iters=3)
     assert row["iters"] == 40 and be.calls == 2 + 40
+
+
+class _Drifting(_Settling):
+    """Two cases of the same call on a machine that turns slow halfway through the
+    launch (as the shared VMs do): every call from the ``slow_from``-th on takes 4 ms,
+    those before 1 ms."""
+
+    def __init__(self, slow_from):
+        super().__init__(0)
+        self.slow_from, self.case, self.order = slow_from, None, []
+
+    def select(self, case):
+        self.case = case
+
+    def call(self):
+        time.sleep(0.004 if self.calls >= self.slow_from else 0.001)
+        self.order.append(self.case)
+        super().call()
+
+
+def test_cases_take_turns_so_a_drifting_machine_hits_them_alike():
+    """pycollective's algorithms are timed repetition by repetition in rotated order, not
+    one after another: two identical cases must come out alike even when the machine
+    slows down halfway (one after another, one would be 4x the other)."""
+    be = _Drifting(slow_from=2 * 2 + 10)  # the warm-ups, then half the timed calls
+    rows = point.measure_cases(be, 5, ["a", "b"], iters=10, warmup=2, budget=None, min_iters=1)
+    assert [r["algorithm"] for r in rows] == ["a", "b"]
+    assert [r["iters"] for r in rows] == [10, 10] and all(r["wrong"] == 0 for r in rows)
+    timed = be.order[4:]
+    assert timed[:6] == ["a", "b", "b", "a", "a", "b"]
+    assert timed.count("a") == timed.count("b") == 10
+    ratio = rows[1]["time"] / rows[0]["time"]
+    assert 0.67 < ratio < 1.5, ratio

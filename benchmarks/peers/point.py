@@ -13,10 +13,12 @@ case with native MPI call by call and computes CRCs between calls, which
 with more ranks than cores doubled every case's time at 1e6 floats, native
 MPICH's included; docs/results/2026-12-01-loops.md):
 
-* per size: ``--warmup`` untimed calls (for pycollective's ``auto``, more
-  until it has decided the size: its first calls are timed trials of its
-  candidates), then repetitions of: prepare the buffers (outside the
-  timing), barrier, ``perf_counter`` around one call;
+* per size and case (for pycollective, each of its algorithms):
+  ``--warmup`` untimed calls (for pycollective's ``auto``, more until it has
+  decided the size: its first calls are timed trials of its candidates),
+  then repetitions of: prepare the buffers (outside the timing), barrier,
+  ``perf_counter`` around one call; the cases take turns repetition by
+  repetition (:func:`measure_cases`);
 * the repetitions are ``--iters``, or fewer when ``--budget`` is set: as many
   as fit in that many seconds judged from the fastest warm-up call (never fewer than
   ``--min-iters``), agreed across ranks;
@@ -119,6 +121,9 @@ class Backend:
     def pick(self):
         """The algorithm the library chose for this size, where it says ("" if not)."""
         return ""
+
+    def select(self, case):
+        """Make the next calls ``case``'s (pycollective: an algorithm; others have one)."""
 
 
 class MpiBackend(Backend):
@@ -224,8 +229,8 @@ class GlooBackend(Backend):
 class PycollectiveBackend(MpiBackend):
     """``pycollective.allreduce(x, out, "sum", algorithm=...)`` out of place, on mpi4py.
 
-    The same loop as the peers, one algorithm after another at each size
-    (``--algorithms``).
+    The same loop as the peers, the algorithms (``--algorithms``) taking turns
+    repetition by repetition at each size (:func:`measure_cases`).
     """
 
     name = "pycollective"
@@ -248,6 +253,9 @@ class PycollectiveBackend(MpiBackend):
         state = None if ctx is None else ctx.peek(_auto.KEY)
         return None if state is None else state.decision(self.x.size, self.x.dtype, "sum")
 
+    def select(self, case):
+        self.algorithm = case
+
     def settled(self):
         """``auto`` has decided this size: its first calls of a size are timed trials of
         its candidates (at most 40, docs/cost-model.md), not what a training step costs."""
@@ -265,48 +273,84 @@ BACKENDS = {"mpi": MpiBackend, "gloo": GlooBackend, "pycollective": Pycollective
 
 def measure(be, count, *, iters, warmup, budget, min_iters):
     """One row: the timing and the check of ``count`` elements per rank (collective)."""
+    return measure_cases(be, count, [None], iters=iters, warmup=warmup, budget=budget,
+                         min_iters=min_iters)[0]
+
+
+def measure_cases(be, count, cases, *, iters, warmup, budget, min_iters):
+    """One row per case (``be.select(case)``: pycollective's algorithms, or ``[None]``),
+    the cases taking turns repetition by repetition (collective).
+
+    Every case is warmed up (and settled) first, then repetition k times every
+    case once, in an order rotated by one place per repetition.  So the ratio
+    of two cases compares calls made in the same seconds: on the shared 2-core
+    machines a launch can switch between a fast and a slow state for moving
+    data between cores, and cases timed one after another (as before) differed
+    by the state they met, not only by what they do (``auto`` against the
+    very algorithm it runs, 2026-12-02T0415Z-peers: up to 1.68).
+    """
     x = np.empty(count, np.float32)
     fill_input(x, be.rank)
     expected = reference(count, be.nranks)
     be.buffers(x)
-    worst, maxerr = 0, 0.0
+    worst = {c: 0 for c in range(len(cases))}
+    maxerr = {c: 0.0 for c in range(len(cases))}
 
-    def one():
-        nonlocal worst, maxerr
+    def one(c):
+        be.select(cases[c])
         be.prepare()
         be.barrier()
         t0 = time.perf_counter()
         be.call()
         seconds = time.perf_counter() - t0
         n, err = wrong_elements(be.result(), expected)
-        worst, maxerr = max(worst, n), max(maxerr, err)
+        worst[c], maxerr[c] = max(worst[c], n), max(maxerr[c], err)
         return seconds
 
-    warm = [one() for _ in range(warmup)]
-    settling = 0  # more warm-up calls (checked alike) until the backend has settled
-    while settling < SETTLE_CALLS and be.reduce([0 if be.settled() else 1], "max")[0]:
-        warm.append(one())
-        settling += 1
-    if budget is not None and warm:
-        # The fastest warm-up call, not their mean: the first call at a size
-        # builds state (shared slots, compiled steps, MPI's own buffers), and
-        # its 0.4 s and more left 3-4 repetitions of a 10-100 us call (the
-        # first algorithm of a launch at 1e3; 2026-12-02T0139Z-peers).
-        per_call = be.reduce([min(warm)], "max")[0]
-        if per_call > 0:
-            iters = max(min_iters, min(iters, int(budget / per_call)))
-    local = [one() for _ in range(iters)]
-    times = be.reduce(local, "max") if iters else np.zeros(0)
-    wrong, changed = be.reduce([worst, 0 if be.input_intact() else 1], "sum")
-    err = be.reduce([maxerr], "max")[0]
-    median = statistics.median(times) if iters else None
-    nbytes = count * 4
-    factor = 2 * (be.nranks - 1) / be.nranks
-    return dict(count=count, bytes=nbytes, iters=iters, warmup=warmup, settling=settling,
-                pick=be.pick(),
-                times=[float(t) for t in times], time=median,
-                busbw=(nbytes / median * factor / 1e9) if median else None,
-                wrong=int(wrong), maxerr=float(err), input_intact=bool(changed == 0))
+    todo, settling = [], []
+    for c in range(len(cases)):
+        be.select(cases[c])
+        settle = 0  # warm-up calls (checked alike) until the backend has settled
+        while settle < SETTLE_CALLS and be.reduce([0 if be.settled() else 1], "max")[0]:
+            one(c)
+            settle += 1
+        settling.append(settle)
+        # Then the warm-up proper, settled: the first call after auto decided
+        # a size took 25 ms (its plan is made then), and was a timed one.
+        warm = [one(c) for _ in range(warmup)]
+        n = iters
+        if budget is not None and warm:
+            # The fastest warm-up call, not their mean: the first call at a size
+            # builds state (shared slots, compiled steps, MPI's own buffers), and
+            # its 0.4 s and more left 3-4 repetitions of a 10-100 us call (the
+            # first algorithm of a launch at 1e3; 2026-12-02T0139Z-peers).
+            per_call = be.reduce([min(warm)], "max")[0]
+            if per_call > 0:
+                n = max(min_iters, min(iters, int(budget / per_call)))
+        todo.append(n)
+    local = [[] for _ in cases]
+    for k in range(max(todo, default=0)):
+        for j in range(len(cases)):
+            c = (j + k) % len(cases)
+            if k < todo[c]:
+                local[c].append(one(c))
+    rows = []
+    for c, case in enumerate(cases):
+        be.select(case)
+        n = todo[c]
+        times = be.reduce(local[c], "max") if n else np.zeros(0)
+        wrong, changed = be.reduce([worst[c], 0 if be.input_intact() else 1], "sum")
+        err = be.reduce([maxerr[c]], "max")[0]
+        median = statistics.median(times) if n else None
+        nbytes = count * 4
+        factor = 2 * (be.nranks - 1) / be.nranks
+        row = dict(count=count, bytes=nbytes, iters=n, warmup=warmup, settling=settling[c],
+                   pick=be.pick(),
+                   times=[float(t) for t in times], time=median,
+                   busbw=(nbytes / median * factor / 1e9) if median else None,
+                   wrong=int(wrong), maxerr=float(err), input_intact=bool(changed == 0))
+        rows.append(dict(row, algorithm=case) if case is not None else row)
+    return rows
 
 
 def parse(argv=None):
@@ -320,7 +364,7 @@ def parse(argv=None):
                    help="seconds of timed repetitions per size (fewer repetitions when slow)")
     p.add_argument("--min-iters", type=int, default=3)
     p.add_argument("--algorithms", nargs="+", default=["auto"],
-                   help="pycollective backend: the algorithms to time, one after another")
+                   help="pycollective backend: the algorithms to time, taking turns")
     p.add_argument("--json", required=True, help="where rank 0 writes the rows")
     return p.parse_args(argv)
 
@@ -330,13 +374,10 @@ def main(argv=None):
     be = BACKENDS[args.backend]()
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     rows = []
+    cases = args.algorithms if args.backend == "pycollective" else [None]
     for c in args.counts:
-        for algorithm in args.algorithms if args.backend == "pycollective" else [None]:
-            if algorithm is not None:
-                be.algorithm = algorithm
-            row = measure(be, c, iters=args.iters, warmup=args.warmup, budget=args.budget,
-                          min_iters=args.min_iters)
-            rows.append(dict(row, algorithm=algorithm) if algorithm else row)
+        rows += measure_cases(be, c, cases, iters=args.iters, warmup=args.warmup,
+                              budget=args.budget, min_iters=args.min_iters)
     if be.rank == 0:
         report = dict(schema=SCHEMA, backend=be.name, library=be.library, nranks=be.nranks,
                       hostname=socket.gethostname(), cpu_count=os.cpu_count(),
