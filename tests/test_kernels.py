@@ -43,6 +43,44 @@ def test_output_may_alias_an_input(op):
     assert np.array_equal(y, expected)
 
 
+def _specials(dtype, n):
+    """Operands with every pairing of NaNs of two payloads, signed zeros, infinities and
+    plain values (floats), or random integers, ``n`` elements each."""
+    a, b = _operands(dtype, n=n, seed=2)
+    if is_float(dtype):
+        bits = np.dtype(f"u{dtype.itemsize}")
+        one = np.array([1.0], dtype).view(bits)[0]
+        sign = bits.type(1) << bits.type(8 * dtype.itemsize - 1)
+        nan_a = np.array([np.nan], dtype).view(bits)[0] | bits.type(1)  # payloads differ
+        nan_b = np.array([np.nan], dtype).view(bits)[0] | bits.type(2)
+        vals = np.array([0, sign, nan_a, nan_b, one, one | sign,
+                         np.array([np.inf], dtype).view(bits)[0]], bits)
+        k = vals.size
+        a.view(bits)[:k * k] = np.repeat(vals, k)
+        b.view(bits)[:k * k] = np.tile(vals, k)
+    return a, b
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", SUPPORTED_DTYPES, ids=str)
+def test_in_place_is_bitwise_the_out_of_place_result(op, dtype):
+    """The in-place forms (``out`` is ``a``, ``out`` is ``b``: every reduction's passes
+    after the first) compute exactly what the out-of-place form does, NaN payloads and
+    signed zeros included, at lengths around the vector width."""
+    kernel = get_kernel(op, dtype)
+    for n in (49, 64, 1001, 4099):
+        a, b = _specials(dtype, n)
+        expected = np.empty_like(a)
+        with np.errstate(all="ignore"):
+            kernel(a, b, expected)
+            x = a.copy()
+            kernel(x, b, x)
+            y = b.copy()
+            kernel(a, y, y)
+        assert x.tobytes() == expected.tobytes(), (op, dtype, n, "out is a")
+        assert y.tobytes() == expected.tobytes(), (op, dtype, n, "out is b")
+
+
 @pytest.mark.parametrize("op", OPS)
 def test_float16_every_pattern_against_numpy(op):
     """All 65536 half patterns against random partners; numpy rounds each op correctly."""

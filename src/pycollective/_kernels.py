@@ -69,41 +69,89 @@ _jit = numba.njit(cache=True, nogil=True)
 
 
 # --- native dtypes -----------------------------------------------------------
+# Each loop comes in three forms: ``out`` is ``a``, ``out`` is ``b``, or
+# neither.  LLVM vectorises a loop only behind a runtime check that ``out``
+# does not overlap an input, and the in-place calls every reduction makes
+# (``kernel(acc, x, acc)``, N - 2 of every N - 1 passes) fail that check and
+# ran the scalar loop: 2.2x the time of the out-of-place call on 64K float32
+# in L2, against 0.7x for the same loop written on two arrays.  The
+# operations and their operand order are the same in all three forms.
+
+@_jit
+def _same(x, y):
+    return x.ctypes.data == y.ctypes.data
+
 
 @_jit
 def _sum(a, b, out):
-    for i in range(out.shape[0]):
-        out[i] = a[i] + b[i]
+    if _same(out, a):
+        for i in range(out.shape[0]):
+            out[i] = out[i] + b[i]
+    elif _same(out, b):
+        for i in range(out.shape[0]):
+            out[i] = a[i] + out[i]
+    else:
+        for i in range(out.shape[0]):
+            out[i] = a[i] + b[i]
 
 
 @_jit
 def _prod(a, b, out):
-    for i in range(out.shape[0]):
-        out[i] = a[i] * b[i]
+    if _same(out, a):
+        for i in range(out.shape[0]):
+            out[i] = out[i] * b[i]
+    elif _same(out, b):
+        for i in range(out.shape[0]):
+            out[i] = a[i] * out[i]
+    else:
+        for i in range(out.shape[0]):
+            out[i] = a[i] * b[i]
+
+
+@_jit
+def _max_of(x, y):
+    """MAX of two values: NaN wins on either side, +0.0 over -0.0."""
+    if y > x or y != y:
+        return y
+    if y == x and x == 0 and math.copysign(1.0, y) > 0:
+        return y
+    return x
+
+
+@_jit
+def _min_of(x, y):
+    """MIN of two values: NaN wins on either side, -0.0 over +0.0."""
+    if y < x or y != y:
+        return y
+    if y == x and x == 0 and math.copysign(1.0, y) < 0:
+        return y
+    return x
 
 
 @_jit
 def _max(a, b, out):
-    for i in range(out.shape[0]):
-        x = a[i]
-        y = b[i]
-        if y > x or y != y:
-            x = y
-        elif y == x and x == 0 and math.copysign(1.0, y) > 0:
-            x = y
-        out[i] = x
+    if _same(out, a):
+        for i in range(out.shape[0]):
+            out[i] = _max_of(out[i], b[i])
+    elif _same(out, b):
+        for i in range(out.shape[0]):
+            out[i] = _max_of(a[i], out[i])
+    else:
+        for i in range(out.shape[0]):
+            out[i] = _max_of(a[i], b[i])
 
 
 @_jit
 def _min(a, b, out):
-    for i in range(out.shape[0]):
-        x = a[i]
-        y = b[i]
-        if y < x or y != y:
-            x = y
-        elif y == x and x == 0 and math.copysign(1.0, y) < 0:
-            x = y
-        out[i] = x
+    if _same(out, a):
+        for i in range(out.shape[0]):
+            out[i] = _min_of(out[i], b[i])
+    elif _same(out, b):
+        for i in range(out.shape[0]):
+            out[i] = _min_of(a[i], out[i])
+    else:
+        for i in range(out.shape[0]):
+            out[i] = _min_of(a[i], b[i])
 
 
 # --- two-byte floats (float16, bfloat16) on their bit patterns -------------------
