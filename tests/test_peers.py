@@ -252,15 +252,16 @@ class _Drifting(_Settling):
 
 
 def test_cases_take_turns_so_a_drifting_machine_hits_them_alike():
-    """pycollective's algorithms are timed repetition by repetition in rotated order, not
-    one after another: two identical cases must come out alike even when the machine
-    slows down halfway (one after another, one would be 4x the other)."""
-    be = _Drifting(slow_from=2 * 2 + 10)  # the warm-ups, then half the timed calls
+    """pycollective's algorithms are timed repetition by repetition in rotated order (each
+    timed call after an untimed one of its own), not one after another: two identical
+    cases must come out alike even when the machine slows down halfway (one after
+    another, one would be 4x the other)."""
+    be = _Drifting(slow_from=2 * 2 + 20)  # the warm-ups, then half the repetitions
     rows = point.measure_cases(be, 5, ["a", "b"], iters=10, warmup=2, budget=None, min_iters=1)
     assert [r["algorithm"] for r in rows] == ["a", "b"]
     assert [r["iters"] for r in rows] == [10, 10] and all(r["wrong"] == 0 for r in rows)
     timed = be.order[4:]
-    assert timed[:6] == ["a", "b", "b", "a", "a", "b"]
-    assert timed.count("a") == timed.count("b") == 10
+    assert timed[:12] == ["a", "a", "b", "b", "b", "b", "a", "a", "a", "a", "b", "b"]
+    assert timed.count("a") == timed.count("b") == 20  # each timed call after its own
     ratio = rows[1]["time"] / rows[0]["time"]
     assert 0.67 < ratio < 1.5, ratio

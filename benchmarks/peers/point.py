@@ -282,7 +282,8 @@ def measure_cases(be, count, cases, *, iters, warmup, budget, min_iters):
     the cases taking turns repetition by repetition (collective).
 
     Every case is warmed up (and settled) first, then repetition k times every
-    case once, in an order rotated by one place per repetition.  So the ratio
+    case once, in an order rotated by one place per repetition, each timed
+    call right after an untimed one of the same case.  So the ratio
     of two cases compares calls made in the same seconds: on the shared 2-core
     machines a launch can switch between a fast and a slow state for moving
     data between cores, and cases timed one after another (as before) differed
@@ -333,6 +334,12 @@ def measure_cases(be, count, cases, *, iters, warmup, budget, min_iters):
         for j in range(len(cases)):
             c = (j + k) % len(cases)
             if k < todo[c]:
+                if len(cases) > 1:
+                    # One untimed call first, so that the timed one follows a call of
+                    # its own, as every peer's does: after another algorithm's call
+                    # shm at N = 8, 1e3 took 2.2x its time (2026-12-02T0658Z-peers),
+                    # and auto after shm's (the same slots) 0.8x.
+                    one(c)
                 local[c].append(one(c))
     rows = []
     for c, case in enumerate(cases):
