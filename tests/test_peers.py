@@ -151,6 +151,22 @@ def test_targets_are_judged_by_size_class_with_the_memory_floor(tmp_path):
     assert found[(mid, "at least as fast as the fastest peer")].startswith("gap: 2.00")
     assert found[(small, "faster than MPICH and Open MPI")] == "met: 0.75"
     assert "2 of 5 met." in compare.report(tmp_path).read_text()
+    # Two ranks moved 20 GB/s together where four moved 16: the cores can do 20, so the
+    # floor of four ranks is 4 x 3 x 4e7 B / 20 GB/s = 24 ms, and 40 ms is 1.67x.
+    (launches / "membw_N2.json").write_text(json.dumps({"measurements": [
+        {"name": "together", "nranks": 2, "traffic": 10.0}]}))
+    found = {(c, what.split(" (")[0]): v
+             for n, c, what, v in compare.verdicts(rows, compare.floors_of(tmp_path))}
+    assert found[(big, "within 1.25x of the memory floor")].startswith("gap: 1.67")
+
+
+def test_the_floors_rate_is_the_best_of_as_many_ranks_or_fewer():
+    """All ranks together, per N: the highest total of N or fewer ranks (a machine whose
+    cores are shared moves more with fewer ranks), never one of more ranks."""
+    rates = {2: 10e9, 4: 6e9, 8: 2e9}  # per rank: 20, 24 and 16 GB/s together
+    assert [compare.machine_rate(rates, n) for n in (2, 4, 8)] == [20e9, 24e9, 24e9]
+    assert compare.machine_rate(rates, 3) is None  # no launch of 3 ranks: no floor
+    assert compare.floor_time(rates, 8, 10 ** 7) == pytest.approx(8 * 3 * 4e7 / 24e9)
 
 
 @pytest.mark.parametrize("text, short", [
