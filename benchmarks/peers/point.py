@@ -49,6 +49,7 @@ import argparse
 import json
 import os
 import platform
+import random
 import socket
 import statistics
 import sys
@@ -277,13 +278,24 @@ def measure(be, count, *, iters, warmup, budget, min_iters):
                          min_iters=min_iters)[0]
 
 
+def turns(n, k):
+    """The order of ``n`` cases in repetition ``k``: a permutation drawn from ``k`` alone
+    (the same on every rank).  Not a rotation: with one, each case always followed the
+    same other case, and in the 07:21 report auto, which followed hierarchical (shm's
+    slots too), took 0.84-0.87 of the time of shm, which followed rabenseifner, at N = 4
+    though it runs shm; with the two alone they were level."""
+    order = list(range(n))
+    random.Random(k).shuffle(order)
+    return order
+
+
 def measure_cases(be, count, cases, *, iters, warmup, budget, min_iters):
     """One row per case (``be.select(case)``: pycollective's algorithms, or ``[None]``),
     the cases taking turns repetition by repetition (collective).
 
     Every case is warmed up (and settled) first, then repetition k times every
-    case once, in an order rotated by one place per repetition, each timed
-    call right after an untimed one of the same case.  So the ratio
+    case once, in the order :func:`turns` draws for k, each timed call right
+    after an untimed one of the same case.  So the ratio
     of two cases compares calls made in the same seconds: on the shared 2-core
     machines a launch can switch between a fast and a slow state for moving
     data between cores, and cases timed one after another (as before) differed
@@ -331,8 +343,7 @@ def measure_cases(be, count, cases, *, iters, warmup, budget, min_iters):
         todo.append(n)
     local = [[] for _ in cases]
     for k in range(max(todo, default=0)):
-        for j in range(len(cases)):
-            c = (j + k) % len(cases)
+        for c in turns(len(cases), k):
             if k < todo[c]:
                 if len(cases) > 1:
                     # One untimed call first, so that the timed one follows a call of
