@@ -296,6 +296,21 @@ def rows_of(contender, json_path, counts):
     return out, library
 
 
+def revision():
+    """The checkout's commit (``+`` if it has changes), or "" outside git."""
+    try:
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain",
+                                "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    if head.returncode != 0:
+        return ""
+    return head.stdout.strip() + ("+" if dirty.stdout.strip() else "")
+
+
 # --- the memory-traffic floor ----------------------------------------------------
 
 #: What bench membw's floor counts per payload byte and rank (pycollective.bench._speed).
@@ -511,7 +526,9 @@ def report(out, args_text=None):
         lines += [
             f"Measured {meta['started_utc']} – {meta.get('ended_utc', '(unfinished)')} on "
             f"{meta['hostname']} ({meta['cpu_count']} CPUs, {meta['mem_gib']:.0f} GiB), "
-            f"float32 SUM, out of place (Gloo in place). Command:", "",
+            f"float32 SUM, out of place (Gloo in place)"
+            + (f", on pycollective {meta['revision']}" if meta.get("revision") else "")
+            + ". Command:", "",
             "```", meta["command"], "```", "",
             f"N = {', '.join(map(str, meta['ns']))}; M = {', '.join(map(fmt_count, meta['counts']))} "
             f"elements per rank; {meta['rounds']} rounds; at most {meta['group']} sizes per launch; "
@@ -755,6 +772,7 @@ def main(argv=None):
                 hostname=os.uname().nodename, cpu_count=os.cpu_count(),
                 mem_gib=meminfo("MemTotal") / 2 ** 30,
                 command="benchmarks/peers/run.sh " + shlex.join(sys.argv[1:]),
+                revision=revision(),
                 ns=args.ns, counts=counts, rounds=args.rounds, group=args.group,
                 iters=args.iters, warmup=args.warmup, budget=args.budget,
                 contenders=args.contenders, algorithms=args.algorithms, skipped=skipped)
