@@ -113,7 +113,7 @@ def _copy_times(comm, a, b, reps, same_clock):
               options=_membw_options, check=_membw_check, epilog=_MEMBW_EPILOG)
 def membw(args, session):
     """Rows ``together`` and ``alone``: seconds per copy and bytes of traffic per second."""
-    comm, rank, nranks = session.comm, session.rank, session.nranks
+    comm, nranks = session.comm, session.nranks
     a = np.ones(args.bytes, np.uint8)
     b = np.empty_like(a)
     np.copyto(b, a)  # first touch of the destination stays out of the timing
