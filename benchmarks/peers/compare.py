@@ -21,8 +21,9 @@ How the comparison is interleaved, exactly:
   slowest rank's time per call (Barrier, ``perf_counter`` around one call,
   MAX over ranks), all by ``point.py``'s loop: the peers' libraries, and
   pycollective's algorithms and ``auto`` taking turns repetition by
-  repetition, so ``auto / best`` compares calls of the same seconds
-  (``auto`` once it has decided the size);
+  repetition in an order drawn per repetition, each timed call after an
+  untimed one of its own, so ``auto / best`` compares calls of the same
+  seconds (``auto`` once it has decided the size);
 * ``pycollective-bench`` also runs ``python -m pycollective.bench`` (every
   algorithm and ``auto`` beside MPICH's native call in the same repetitions,
   checked bit for bit against it): the report's same-run table.  Its loop

@@ -295,12 +295,14 @@ def measure_cases(be, count, cases, *, iters, warmup, budget, min_iters):
 
     Every case is warmed up (and settled) first, then repetition k times every
     case once, in the order :func:`turns` draws for k, each timed call right
-    after an untimed one of the same case.  So the ratio
-    of two cases compares calls made in the same seconds: on the shared 2-core
-    machines a launch can switch between a fast and a slow state for moving
-    data between cores, and cases timed one after another (as before) differed
-    by the state they met, not only by what they do (``auto`` against the
-    very algorithm it runs, 2026-12-02T0415Z-peers: up to 1.68).
+    after an untimed one of the same case.  So the ratio of two cases
+    compares calls made in the same seconds: on the shared 2-core machines a
+    launch can switch between a fast and a slow state for moving data between
+    cores, and cases timed one after another (as before) differed by the
+    state they met, not only by what they do (``auto`` against the very
+    algorithm it runs, 2026-12-02T0415Z-peers: up to 1.68).  With several
+    cases a repetition makes two calls per case, so a launch takes about
+    twice ``--budget`` per case and size.
     """
     x = np.empty(count, np.float32)
     fill_input(x, be.rank)
