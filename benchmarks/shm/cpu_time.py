@@ -34,17 +34,9 @@ from mpi4py import MPI
 
 import pycollective
 from pycollective._exact import exact_case
+from pycollective._timing import idle_barrier
+from pycollective.bench._speed import FLOOR_TRAFFIC
 from pycollective._units import count_arg
-
-FLOOR_TRAFFIC = 3  # bytes of traffic per payload byte and rank (bench membw)
-
-
-def idle_barrier(comm):
-    """A barrier whose waiting ranks sleep (spinning ones would take a shared core)."""
-    req = comm.Ibarrier()
-    while not req.Test():
-        time.sleep(2e-4)
-
 
 def copy_rate(comm, nbytes=64 << 20, reps=5):
     """Bytes of traffic per second of one core copying alone (rank 0; the others sleep)."""

@@ -18,6 +18,7 @@ from mpi4py import MPI
 from .. import _collectives as _api
 from .. import _options as _opts
 from .._table import fmt_num, format_table
+from .._timing import idle_barrier
 from .._units import bytes_label, count_arg, size_arg
 from ..algorithms import ring_pipelined
 from ._allreduce import ALLREDUCE, algorithm_case, compare_with_native, usable
@@ -66,20 +67,6 @@ it is conservative, since a copy also pays a read-for-ownership of its
 destination.
 """
 
-# How often a rank that waits for rank 0's lone copy looks again.  It sleeps
-# in between: spinning in MPI's barrier, it took half of a core rank 0 needed
-# where ranks outnumber cores ('alone' at N = 4: 11.9 GB/s, against 20 GB/s
-# from one process on an idle machine).
-_IDLE_POLL_S = 2e-4
-
-
-def _idle_barrier(comm):
-    """A barrier whose waiting ranks sleep instead of spinning."""
-    req = comm.Ibarrier()
-    while not req.Test():
-        time.sleep(_IDLE_POLL_S)
-
-
 def _node_clock_ok(comm) -> bool:
     """Whether every rank reads the same monotonic clock (one host), agreed."""
     names = comm.allgather(MPI.Get_processor_name())
@@ -90,7 +77,7 @@ def _copy_times(comm, a, b, reps, same_clock):
     """Per repetition: ('together' span, 'alone' rank 0's time), the same on every rank."""
     out = np.empty((reps, 2))
     for i in range(reps):
-        _idle_barrier(comm)
+        idle_barrier(comm)
         t0 = time.perf_counter()
         np.copyto(b, a)
         t1 = time.perf_counter()
@@ -99,12 +86,12 @@ def _copy_times(comm, a, b, reps, same_clock):
             out[i, 0] = max(ends) - min(starts)
         else:  # no common clock: the slowest rank's own time
             out[i, 0] = comm.allreduce(t1 - t0, op=MPI.MAX)
-        _idle_barrier(comm)
+        idle_barrier(comm)
         if comm.rank == 0:
             t0 = time.perf_counter()
             np.copyto(b, a)
             lone = time.perf_counter() - t0
-        _idle_barrier(comm)
+        idle_barrier(comm)
         out[i, 1] = comm.bcast(lone if comm.rank == 0 else None, root=0)
     return out
 
