@@ -227,8 +227,8 @@ def shm_agreed(ctx, src, dst, kernel, values, board):
     and the data posted together, one synchronisation; the sliced sizes up
     to 1 MiB :func:`._shm_steps.mid_agreed`, the row posted with the
     copy-in; larger ones (or slots not grown yet) run the agreement through
-    the board, then the algorithm.  Either way the first sync is the agreement's, with the same
-    target, board and header as the Python path's.
+    the board, then the algorithm.  Either way the first sync is the
+    agreement's, with the same target, board and header as the Python path's.
     """
     state = _state(ctx)
     call = _watch.current()
