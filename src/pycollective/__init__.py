@@ -15,6 +15,7 @@ from importlib import metadata as _metadata
 
 from ._collectives import allgather, allgatherv, allreduce, bcast, broadcast, reduce, reduce_scatter
 from ._options import algorithms, set_check, set_timeout, unusable_algorithms, usable_algorithms
+from ._allocate import release, shared_empty
 from ._errors import (CollectiveError, CollectiveMismatch, CollectiveTimeout, CommunicatorBroken,
                       ConfigurationError, PeerFailed, ReplicaMismatch, StallWarning)
 from ._partition import partition
@@ -24,7 +25,7 @@ from .training import DistributedOptimizer, broadcast_parameters, check_replicas
 
 __all__ = ["allreduce", "reduce_scatter", "allgather", "allgatherv", "reduce", "bcast",
            "broadcast", "algorithms", "usable_algorithms", "unusable_algorithms", "partition",
-           "set_check", "set_timeout", "Comm", "Request", "GradientBuckets",
+           "set_check", "set_timeout", "shared_empty", "release", "Comm", "Request", "GradientBuckets",
            "broadcast_parameters", "check_replicas", "DistributedOptimizer", "CollectiveError",
            "CollectiveTimeout", "CollectiveMismatch", "PeerFailed", "CommunicatorBroken",
            "ConfigurationError", "ReplicaMismatch", "StallWarning", "__version__"]

@@ -50,7 +50,7 @@ _ALIGN = 4096
 # Control segment layout, in int64 words.
 _FLAG_WORDS = STRIDE         # one 64-byte cache line per rank: counter, sleepers
 FP_WORDS = 16                # a header: call number, fingerprint (9 words), padding
-_CMA_WORDS = 8               # per rank: pid, src address, dst address, nbytes
+_CMA_WORDS = 8               # per rank: pid, src/dst address, nbytes; src/dst in _shared
 _OK_WORDS = 8                # per rank: "I mapped the new segment"
 _MAIL_WORDS = 64             # rank 0's mailbox (pickled, for segment exchange)
 _BOARD_WIDTH = 24            # int64 per agreement row (3 + 2 facts x 10, padded)
@@ -117,6 +117,7 @@ class NodeGroup:
         self.barrier = FlagBarrier(view["flags"], self.rank, n, progress, sleep, wakes)
         self._number, self._step, self._published, self._last = -1, 0, 0, 0
         self._unchecked = None  # this call's headers, until a sync checks them
+        self.cma[self.rank, 4:] = -1  # no shared allocation published (see _shared)
         comm.Barrier()  # every counter is zero before anyone waits on it
 
     # -- steps: every call's first sync publishes and checks the headers -------------------

@@ -186,8 +186,8 @@ def test_shm_large_paths(cma, monkeypatch):
     single = []  # the sizes of the calls that took the single copy
     original = shm.cma_allreduce_on
     monkeypatch.setattr(shm, "cma_allreduce_on",
-                        lambda cross, src, dst, kernel: single.append(dst.nbytes)
-                        or original(cross, src, dst, kernel))
+                        lambda cross, src, dst, kernel, shared=None: single.append(dst.nbytes)
+                        or original(cross, src, dst, kernel, shared))
     with _env(_env_settings.SHM_CMA.name, cma):
         comm = world.Dup()
         try:

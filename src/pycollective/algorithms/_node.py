@@ -95,7 +95,7 @@ def on_one_node(ctx):
     return ctx.cached(_STATE, NodeState).error
 
 
-def cross_reduce(cross, src, out, lo, hi, kernel, block_bytes=None):
+def cross_reduce(cross, src, out, lo, hi, kernel, block_bytes=None, direct=None):
     """``out = x_0[lo:hi] op ... op x_{N-1}[lo:hi]``, the peers' operands read where they are.
 
     Each peer's block is read (``process_vm_readv`` of its published
@@ -110,6 +110,8 @@ def cross_reduce(cross, src, out, lo, hi, kernel, block_bytes=None):
         out: ``hi - lo`` elements; may alias ``src[lo:hi]`` (in place).
         kernel: the reduction; operands are folded in rank order 0..N-1.
         block_bytes: bytes per operand and block (default ``CROSS_BLOCK_BYTES``).
+        direct: per node rank, that rank's ``src`` as a view here where it is a
+            shared allocation (:mod:`.._shared`), read in place; else None.
     """
     n, r = cross.size, cross.rank
     if hi <= lo:
@@ -131,6 +133,8 @@ def cross_reduce(cross, src, out, lo, hi, kernel, block_bytes=None):
         for q in range(n):
             if q == r:
                 x = own
+            elif direct is not None and direct[q] is not None:
+                x = direct[q][b:e]
             else:
                 x = buffers[q & 1][:e - b]
                 cross.read(q, cross.SRC, b * src.itemsize, x)

@@ -85,12 +85,15 @@ node a transfer *is* a memory copy), and the reduction of f·M·s bytes at γ:
 
 import math
 
-from .. import _cma, _env, _watch
+import numpy as np
+
+from .. import _cma, _env, _shared, _watch
 from .._context import Key
 from .._errors import ConfigurationError
 from .._partition import chunk_bounds
 from .._registry import register
 from .._shmem import (
+    BLOCK_BYTES,
     DOUBLE_LIMIT,
     SharedSlots,
     copy_in,
@@ -114,12 +117,13 @@ SINGLE_COPY_BYTES = 8 << 20
 _STATE = Key("shm")
 
 
-def shm_allreduce_on(node, src, dst, kernel):
+def shm_allreduce_on(node, src, dst, kernel, shared=None):
     """The algorithm above on the :class:`SharedSlots` ``node`` (all ranks of the collective).
 
     The first sync of the call (inside ``begin`` when the slots grow, else
     the one after the copy-in) compares every rank's header, so no rank
     reads the others' slots unless all agree on count, dtype, op and call.
+    ``shared``: the context's :class:`~pycollective._shared.Registry`, if any.
     """
     nbytes = dst.nbytes
     offset, trailing = node.begin(nbytes)
@@ -131,6 +135,9 @@ def shm_allreduce_on(node, src, dst, kernel):
         reduce_block(kernel, slots, dst)
         return
     bounds = chunk_bounds(dst.size, node.size)
+    if shared is not None and trailing:
+        _shared_on(node, shared, src, dst, kernel, slots, bounds)
+        return
     copy_in(src, slots[rank], rank, bounds)
     node.sync()
     reduce_own_slice(kernel, src, slots, rank, bounds, dst)
@@ -140,22 +147,74 @@ def shm_allreduce_on(node, src, dst, kernel):
         node.sync()
 
 
+def _shared_on(node, shared, src, dst, kernel, slots, bounds):
+    """The slots' way with shared allocations read in place (calls with a trailing sync).
+
+    Peer by peer: a rank whose ``src`` is a shared allocation skips its
+    copy-in and the others read its ``src``; a rank whose ``dst`` is one
+    reduces its slice straight into it and the others copy from there.  Any
+    other buffer goes through the slots as above.
+    """
+    rank = node.rank
+    shared.publish(src, dst)
+    own_src, own_dst = (int(shared.rows[rank, c]) != _shared.NONE
+                        for c in (_shared.SRC, _shared.DST))
+    if not own_src:
+        copy_in(src, slots[rank], rank, bounds)
+    node.sync()  # every rank's row published (and the headers checked)
+    srcs = shared.peers(_shared.SRC, dst.size, dst.dtype)
+    dsts = shared.peers(_shared.DST, dst.size, dst.dtype)
+    lo, hi = bounds[rank], bounds[rank + 1]
+    operands = [src if q == rank else slots[q] if x is None else x for q, x in enumerate(srcs)]
+    out = dst if own_dst else slots[rank]
+    block = max(1, BLOCK_BYTES // dst.itemsize)
+    # In place into dst, the first pass writes out before a rank >= 2 has read
+    # its own operand (operands go in rank order): stage that one.
+    staged = (np.empty(min(block, hi - lo), dst.dtype)
+              if own_dst and rank >= 2 and np.may_share_memory(src[lo:hi], dst[lo:hi]) else None)
+    for b in range(lo, hi, block):
+        e = min(b + block, hi)
+        ops = [x[b:e] for x in operands]
+        if staged is not None:
+            ops[rank] = staged[:e - b]
+            ops[rank][...] = src[b:e]
+        reduce_block(kernel, ops, out[b:e])
+        if not own_dst:
+            dst[b:e] = out[b:e]  # still in cache
+    node.sync()
+    for q, x in enumerate(dsts):
+        qlo, qhi = bounds[q], bounds[q + 1]
+        if q != rank and qhi > qlo:
+            dst[qlo:qhi] = (slots[q] if x is None else x)[qlo:qhi]
+    node.sync()  # nobody returns (and lets its buffers change) while others read them
+
+
 # --- single copy through the kernel (Linux cross-memory attach) ---------------
 
-def cma_allreduce_on(cross, src, dst, kernel):
-    """Single-copy variant: the reduce reads the others' ``src``, the copy-out their ``dst``."""
+def cma_allreduce_on(cross, src, dst, kernel, shared=None):
+    """Single-copy variant: the reduce reads the others' ``src``, the copy-out their ``dst``
+    (in place where they are shared allocations, ``shared`` the context's registry)."""
     n, r = cross.size, cross.rank
     bounds = chunk_bounds(dst.size, n)
     itemsize = dst.itemsize
     cross.publish(src, dst)
+    if shared is not None:
+        shared.publish(src, dst)
     cross.group.sync()  # the call's first: every header checked before any read
+    srcs = dsts = None
+    if shared is not None:
+        srcs = shared.peers(_shared.SRC, dst.size, dst.dtype)
+        dsts = shared.peers(_shared.DST, dst.size, dst.dtype)
     lo, hi = bounds[r], bounds[r + 1]
-    cross_reduce(cross, src, dst[lo:hi], lo, hi, kernel)
+    cross_reduce(cross, src, dst[lo:hi], lo, hi, kernel, direct=srcs)
     cross.group.sync()
     for q in range(n):
         qlo, qhi = bounds[q], bounds[q + 1]
         if q != r and qhi > qlo:
-            cross.read(q, cross.DST, qlo * itemsize, dst[qlo:qhi])
+            if dsts is not None and dsts[q] is not None:
+                dst[qlo:qhi] = dsts[q][qlo:qhi]
+            else:
+                cross.read(q, cross.DST, qlo * itemsize, dst[qlo:qhi])
     cross.group.sync()  # nobody returns (and lets its dst change) while others read it
 
 
@@ -164,7 +223,7 @@ class _ShmState:
 
     def __init__(self, ctx):
         group = whole_node(ctx)
-        self.node = self.cross = None
+        self.node = self.cross = self.group = None
         if group is None:
             # Every rank sees its node smaller than the communicator, so every
             # rank takes this branch: the reason is the same everywhere.
@@ -174,6 +233,7 @@ class _ShmState:
                 "use algorithm='hierarchical'")
             return
         self.node = SharedSlots(group)
+        self.group = group
         self.error = None
         # Same on all ranks: the wish is agreed, and so is the probe.
         if group.all_ok(_cma.available() and _env.SHM_CMA.get()):
@@ -211,13 +271,13 @@ def shm_allreduce(ctx, src, dst, kernel):
         raise ConfigurationError(state.error)
     call = _watch.current()
     if state.cross is not None and dst.nbytes > SINGLE_COPY_BYTES:
-        cma_allreduce_on(state.cross, src, dst, kernel)
+        cma_allreduce_on(state.cross, src, dst, kernel, _shared.registry_of(state.group, ctx))
     elif _steps.compiled(state, call, dst):
         _steps.small_data(state.node, call, src, dst)
     elif _steps.mid_compiled(state.node, call, dst):
         _steps.mid_data(state.node, call, src, dst)
     else:
-        shm_allreduce_on(state.node, src, dst, kernel)
+        shm_allreduce_on(state.node, src, dst, kernel, _shared.registry_of(state.group, ctx))
 
 
 def shm_agreed(ctx, src, dst, kernel, values, board):

@@ -1,0 +1,144 @@
+"""Arrays from pycollective.shared_empty: shm reads them in place, peer by peer."""
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import pycollective
+from pycollective import _shared
+from pycollective._context import get_context
+from pycollective.algorithms import shm
+
+from _data import exact_reduce, exact_values, replicas_identical
+
+# Just above 1 MiB of float32 (the large paths, which end with a sync), and prime.
+COUNT = 262_147
+MODES = ["both", "src", "dst", "odd ranks plain", "in place", "offset"]
+
+
+@pytest.fixture(params=["slots", "single copy"])
+def path(request, monkeypatch):
+    """Which large path shm takes at COUNT: the slots, or cross-memory reads."""
+    if request.param == "single copy":
+        state = shm._state(get_context(MPI.COMM_WORLD))
+        if state.cross is None:
+            pytest.skip("cross-memory reads are not allowed here")
+        monkeypatch.setattr(shm, "SINGLE_COPY_BYTES", 1 << 20)
+    return request.param
+
+
+def _buffers(mode, x, rank):
+    """``(src, dst, in place)`` for one mode; shared allocations where the mode says."""
+    n = x.size
+    src = pycollective.shared_empty(n + 7 if mode == "offset" else n, x.dtype)
+    dst = pycollective.shared_empty(n + 7 if mode == "offset" else n, x.dtype)
+    if mode == "offset":  # views inside the allocation, at offsets that differ by rank
+        src, dst = src[rank % 7:rank % 7 + n], dst[7 - rank % 7:7 - rank % 7 + n]
+    src[...] = x
+    if mode == "src":
+        dst = np.empty_like(x)
+    elif mode == "dst":
+        src = x.copy()
+    elif mode == "odd ranks plain" and rank % 2:
+        src, dst = x.copy(), np.empty_like(x)
+    elif mode == "in place":
+        return src, src, True
+    return src, dst, False
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("mode", MODES)
+def test_shared_buffers_give_the_exact_sum(path, mode):
+    comm = MPI.COMM_WORLD
+    rank, size = comm.rank, comm.size
+    x = exact_values(rank, COUNT, "float32", "sum")
+    expected = exact_reduce([exact_values(q, COUNT, "float32", "sum") for q in range(size)],
+                            "sum", "float32")
+    src, dst, in_place = _buffers(mode, x, rank)
+    before = src.copy()
+    for _ in range(2):  # a second call reuses every registration
+        if in_place:
+            src[...] = x
+            pycollective.allreduce(MPI.IN_PLACE, dst, algorithm="shm")
+        else:
+            pycollective.allreduce(src, dst, algorithm="shm")
+            assert np.array_equal(src, before), "the send buffer changed"
+        np.testing.assert_array_equal(dst, expected)
+    pycollective.release(src if mode != "offset" else src.base)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_shared_replicas_are_bitwise_identical_with_nans(path):
+    """max over float64 with NaNs of two payloads and signed zeros: same bits everywhere."""
+    comm = MPI.COMM_WORLD
+    rank = comm.rank
+    rng = np.random.default_rng(rank)
+    x = rng.standard_normal(COUNT // 2 + 3)
+    x[rank::11] = np.nan
+    x[5::13] = -0.0 if rank % 2 else 0.0
+    x.view(np.uint64)[7::17] = 0x7FF8_0000_0000_0000 | (rank + 1)
+    src = pycollective.shared_empty(x.size, x.dtype)
+    dst = pycollective.shared_empty(x.size, x.dtype)
+    src[...] = x
+    pycollective.allreduce(src, dst, MPI.MAX, algorithm="shm")
+    assert replicas_identical(comm, dst)
+    plain = np.empty_like(x)
+    pycollective.allreduce(x, plain, MPI.MAX, algorithm="shm")
+    assert plain.tobytes() == dst.tobytes()
+    pycollective.release(src)
+    pycollective.release(dst)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_released_arrays_are_plain_memory_again():
+    comm = MPI.COMM_WORLD
+    rank, size = comm.rank, comm.size
+    x = exact_values(rank, COUNT, "int32", "sum")
+    expected = exact_reduce([exact_values(q, COUNT, "int32", "sum") for q in range(size)],
+                            "sum", "int32")
+    src = pycollective.shared_empty((COUNT,), np.int32)
+    dst = pycollective.shared_empty(COUNT, "int32")
+    src[...] = x
+    registry = get_context(comm).peek(_shared._KEY)
+    held = len(registry.entries)
+    assert pycollective.release(src) and pycollective.release(dst)
+    assert len(registry.entries) == held - 2
+    assert not pycollective.release(dst), "released twice"
+    assert registry.locate(src) is None
+    pycollective.allreduce(src, dst, algorithm="shm")  # still valid memory, copied as usual
+    np.testing.assert_array_equal(dst, expected)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_shapes_and_dtypes_may_differ_between_ranks():
+    comm = MPI.COMM_WORLD
+    rank = comm.rank
+    a = pycollective.shared_empty((rank + 1, 3), np.float64 if rank % 2 else np.int8)
+    assert a.shape == (rank + 1, 3) and a.flags.c_contiguous and a.flags.writeable
+    a[...] = rank
+    assert np.all(a == rank)
+    b = pycollective.shared_empty(0)
+    assert b.size == 0 and b.dtype == np.float32
+    pycollective.release(a)
+    pycollective.release(b)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_bad_shapes_raise_on_every_rank():
+    with pytest.raises(ValueError, match="negative dimension"):
+        pycollective.shared_empty((4, -1))
+    with pytest.raises(TypeError, match="object arrays"):
+        pycollective.shared_empty(4, object)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_communicator_across_nodes_gets_plain_arrays(monkeypatch):
+    """Where the ranks span nodes there is nothing to share: numpy.empty, no registry."""
+    comm = MPI.COMM_WORLD.Dup()
+    try:
+        monkeypatch.setattr(_shared, "whole_node", lambda ctx: None)
+        a = pycollective.shared_empty(10, comm=comm)
+        assert a.shape == (10,) and get_context(comm).peek(_shared._KEY) is None
+        assert not pycollective.release(a, comm=comm)
+    finally:
+        comm.Free()
