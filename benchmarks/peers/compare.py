@@ -107,6 +107,7 @@ PEERS = ("mpich", "openmpi", "impi", "gloo")  # the columns "fastest peer" is ta
 BUFFERS = 8
 MEMORY_SHARE = 0.6  # of MemTotal for the ladder; a launch also needs that much MemAvailable
 
+SHARED = "+shared"  # the suffix of a case on shared_empty buffers (point.py)
 PLAN = "plan.txt"  # the run's settings, JSON (not *.json: benchmarks/results ignores those)
 FIELDS = ["round", "launch", "contender", "series", "nranks", "count", "time_s", "iters",
           "ok", "wrong", "pick", "library", "idle_pct", "others", "started_utc", "note"]
@@ -230,7 +231,7 @@ def command(contender, nranks, counts, args, json_path):
     point = [str(POINT), contender.kind, "--counts", *map(str, counts), *timing,
              "--budget", repr(args.budget), "--json", str(json_path)]
     if contender.kind == "pycollective":
-        point += ["--algorithms", *args.algorithms, "auto"]
+        point += ["--algorithms", *args.algorithms, *(a + SHARED for a in args.shared), "auto"]
     if contender.kind in ("mpi", "pycollective"):
         return ([str(RUN_MPI), str(nranks), *point],
                 {"PYTHON": py, "PYCOLLECTIVE_TIMEOUT": str(limit)}, limit)
@@ -428,6 +429,31 @@ def targets_section(rows, rates):
     lines += [f"| {n} | {fmt_count(c)} | {what} | {v} |" for n, c, what, v in found]
     met = sum(v.startswith("met") for *_, v in found)
     lines += ["", f"{met} of {len(found)} met."]
+    return lines + shared_section(rows, rates)
+
+
+def shared_section(rows, rates):
+    """The ``+shared`` cases beside the plain ones (not a target: the targets are on the
+    caller's own arrays)."""
+    rows = [r for r in rows if r.get("shared") and r["shared"]["time"]]
+    if not rows:
+        return []
+    lines = ["", "## On `pycollective.shared_empty` buffers", "",
+             "The same calls on buffers allocated with `pycollective.shared_empty`, which "
+             "`shm` reads in place above 1 MiB (docs/usage.md#shared-buffers); timed in the "
+             "same repetitions as the plain cases. Not counted above: the targets are on "
+             "the caller's own arrays.", "",
+             "| N | M | shared | shared / best plain | shared / fastest peer | "
+             "shared / floor |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        t = r["shared"]["time"]
+        floor = floor_time(rates, r["n"], r["c"]) if rates else None
+        fastest = r["peers"][r["fastest"]]["time"] if r["fastest"] else None
+        cells = [f"{fmt_time(t)} ({r['shared_algo']})",
+                 f"{t / r['best']['time']:.2f}" if r["best"] and r["best"]["time"] else "-",
+                 f"{t / fastest:.2f}" if fastest else "-",
+                 f"{t / floor:.2f}" if floor and r["c"] >= 10 ** 6 else "-"]
+        lines.append(f"| {r['n']} | {fmt_count(r['c'])} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -467,11 +493,13 @@ def aggregate(points):
     return summary, libraries
 
 
-def best_of_ours(summary, nranks, count, prefix="pycollective"):
-    """(algorithm, summary) of our fastest named algorithm at one point, or (None, None)."""
+def best_of_ours(summary, nranks, count, prefix="pycollective", shared=False):
+    """(algorithm, summary) of our fastest named algorithm at one point, or (None, None):
+    on the caller's plain arrays, or (``shared``) among the ``+shared`` cases."""
     cands = {s.split(":", 1)[1]: v for (s, n, c), v in summary.items()
              if s.startswith(prefix + ":") and n == nranks and c == count and v["time"]
-             and s.split(":", 1)[1] not in ("auto", "native")}
+             and s.split(":", 1)[1] not in ("auto", "native")
+             and s.endswith(SHARED) == shared}
     if not cands:
         return None, None
     name = min(cands, key=lambda a: cands[a]["time"])
@@ -505,12 +533,13 @@ def lines_of(summary, libraries):
     rows = []
     for n, c in points:
         algo, best = best_of_ours(summary, n, c)
+        shared_algo, shared = best_of_ours(summary, n, c, shared=True)
         auto = summary.get(("pycollective:auto", n, c))
         peers = {k: summary.get((k, n, c)) for k in PEERS}
         fastest = min((k for k in PEERS if peers[k] and peers[k]["time"]),
                       key=lambda k: peers[k]["time"], default=None)
         rows.append(dict(n=n, c=c, algo=algo, best=best, auto=auto, peers=peers,
-                         fastest=fastest))
+                         fastest=fastest, shared_algo=shared_algo, shared=shared))
     return rows, label
 
 
@@ -721,6 +750,10 @@ def parse(argv=None):
                    default=DEFAULT_CONTENDERS)
     p.add_argument("--algorithms", nargs="+", default=None,
                    help="pycollective's algorithms (default: every registered one)")
+    p.add_argument("--shared", nargs="*", default=["shm"],
+                   help="pycollective's algorithms also timed on pycollective.shared_empty "
+                        "buffers (case <name>+shared; reported apart, not a target); "
+                        "--shared alone: none")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--group", type=int, default=3, help="sizes per launch (at most)")
     p.add_argument("--iters", type=int, default=50, help="timed repetitions per size (at most)")
@@ -776,7 +809,8 @@ def main(argv=None):
                 revision=revision(),
                 ns=args.ns, counts=counts, rounds=args.rounds, group=args.group,
                 iters=args.iters, warmup=args.warmup, budget=args.budget,
-                contenders=args.contenders, algorithms=args.algorithms, skipped=skipped)
+                contenders=args.contenders, algorithms=args.algorithms, shared=args.shared,
+                skipped=skipped)
     (out / PLAN).write_text(json.dumps(meta, indent=1))
     print(f"# {len(launches)} launches into {out}; left out by memory: {skipped or 'none'}",
           flush=True)

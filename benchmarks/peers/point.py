@@ -231,10 +231,16 @@ class PycollectiveBackend(MpiBackend):
     """``pycollective.allreduce(x, out, "sum", algorithm=...)`` out of place, on mpi4py.
 
     The same loop as the peers, the algorithms (``--algorithms``) taking turns
-    repetition by repetition at each size (:func:`measure_cases`).
+    repetition by repetition at each size (:func:`measure_cases`).  A case
+    ``<algorithm>+shared`` runs ``<algorithm>`` on copies of the buffers made
+    with ``pycollective.shared_empty`` (which ``shm`` reads in place), made
+    when the case is first selected at a size (every rank selects the same
+    cases in the same order, so the allocation is collective) and released
+    when the next size's buffers come.
     """
 
     name = "pycollective"
+    SHARED = "+shared"
 
     def __init__(self):
         super().__init__()
@@ -242,10 +248,36 @@ class PycollectiveBackend(MpiBackend):
         self.pycollective = pycollective
         self.algorithm = "auto"
         self.library = f"pycollective on {self.library}"
+        self.shared = None  # (input, output) in shared memory, for the "+shared" cases
+        self.plain = None   # (input, output) as MpiBackend.buffers made them
+
+    def buffers(self, x):
+        self._release()
+        super().buffers(x)
+        self.plain = (self.x, self.out)
+
+    def _release(self):
+        if self.shared is not None:
+            for a in self.shared:
+                self.pycollective.release(a, comm=self.comm)
+            self.shared = None
+
+    def select(self, case):
+        shared = case.endswith(self.SHARED)
+        self.algorithm = case[:-len(self.SHARED)] if shared else case
+        if shared and self.shared is None:
+            x = self.pycollective.shared_empty(self.plain[0].size, np.float32, comm=self.comm)
+            out = self.pycollective.shared_empty(x.size, np.float32, comm=self.comm)
+            x[...] = self.plain[0]
+            self.shared = (x, out)
+        self.x, self.out = self.shared if shared else self.plain
 
     def call(self):
         self.pycollective.allreduce(self.x, self.out, "sum", comm=self.comm,
                                     algorithm=self.algorithm)
+
+    def close(self):
+        self._release()
 
     def _decision(self):
         # auto's tuning state (internal): its decision for this size, or None.
@@ -253,9 +285,6 @@ class PycollectiveBackend(MpiBackend):
         ctx = _context.find_context(self.comm)
         state = None if ctx is None else ctx.peek(_auto.KEY)
         return None if state is None else state.decision(self.x.size, self.x.dtype, "sum")
-
-    def select(self, case):
-        self.algorithm = case
 
     def settled(self):
         """``auto`` has decided this size: its first calls of a size are timed trials of

@@ -42,7 +42,7 @@ def shared_empty(shape, dtype=np.float32, *, comm=None):
     ``allreduce`` with ``"shm"`` (or ``"auto"`` where it picks ``"shm"``)
     reads the peers' slices of such arrays straight from their memory above
     1 MiB, instead of copying them through the kernel or a shared slot: at
-    1e7 float32 about 0.8 of the time at 4 ranks, 0.75 at 8 on our 2-core
+    1e7 float32 0.73 of the time at 4 ranks, 0.77 at 8 on our 2-core
     machine (docs/results/2026-12-02-shared.md).  Allocate buffers that are
     reduced again and again (gradient buckets) once, this way.
 

@@ -37,6 +37,13 @@ Compression.  ``compress="fp16"`` or ``"bf16"`` (or a compressor object, see
 with every reduction step accumulated in float64: the buckets are then
 reduced through a ``pycollective.Comm`` on the same communicator (and the
 same algorithm, if it is one) that compresses its floating sums.
+
+Memory.  With a ``pycollective.Comm`` (and no compression) the buckets are
+``pycollective.shared_empty`` arrays: where the ranks share a node, ``shm``
+reads a peer's bucket where it lies instead of copying it (above 1 MiB;
+0.5-0.9 of the time, docs/usage.md#shared-buffers).  Constructing the
+buckets is then collective, and :meth:`GradientBuckets.close` (collective
+too) hands the memory back; it also goes when the communicator is freed.
 """
 
 import numpy as np
@@ -44,6 +51,7 @@ from mpi4py import MPI
 
 from . import compression as _compression
 from ._kernels import is_float
+from ._allocate import release, shared_empty
 from .comm import Comm
 
 __all__ = ["GradientBuckets"]
@@ -91,6 +99,9 @@ class GradientBuckets:
         op: the reduction (``MPI.SUM`` for gradients).
         compress: None, "fp16", "bf16" or a compressor: floating sums travel
             compressed (see the module docstring).
+        shared: allocate the buckets with ``pycollective.shared_empty``
+            (collective); default: where ``comm`` is a ``pycollective.Comm``
+            and nothing is compressed.
 
     Raises:
         ValueError: ``order`` is not a permutation of the tensor indices,
@@ -99,7 +110,8 @@ class GradientBuckets:
     """
 
     def __init__(self, shapes, comm, *, dtype=np.float32, cap_bytes=DEFAULT_CAP_BYTES,
-                 order=None, overlap=True, average=True, op=MPI.SUM, compress=None):
+                 order=None, overlap=True, average=True, op=MPI.SUM, compress=None,
+                 shared=None):
         self.comm = comm
         compressor = _compression.resolve(compress)
         # What the buckets are reduced with: the communicator itself, or a
@@ -121,8 +133,16 @@ class GradientBuckets:
         self.buffers = []
         self.grads = [None] * ntensors
         self._bucket_of = [0] * ntensors
+        if shared is None:
+            shared = isinstance(comm, Comm) and compressor is None
+        self._shared = MPI.Intracomm(comm) if shared else None
         for b, members in enumerate(self.layout):
-            buf = np.zeros(sum(sizes[i] for i in members), self.dtype)
+            count = sum(sizes[i] for i in members)
+            if self._shared is None:
+                buf = np.zeros(count, self.dtype)
+            else:
+                buf = shared_empty(count, self.dtype, comm=self._shared)
+                buf[...] = 0
             offset = 0
             for i in members:
                 self.grads[i] = buf[offset:offset + sizes[i]].reshape(self.shapes[i])
@@ -134,6 +154,14 @@ class GradientBuckets:
         self._ready = [False] * ntensors
         self._next = 0          # first bucket not started yet
         self._requests = []
+
+    def close(self):
+        """Hand back the buckets' shared memory (collective where they are shared; the
+        arrays, and ``grads``, stay valid as ordinary memory).  Nothing to do otherwise."""
+        if self._shared is not None:
+            for buf in self.buffers:
+                release(buf, comm=self._shared)
+            self._shared = None
 
     @property
     def nbuckets(self):

@@ -449,6 +449,11 @@ class DistributedOptimizer:
         """How many allreduces one synchronising pass makes."""
         return self._buckets.nbuckets
 
+    def close(self):
+        """Hand back the gradient buckets' shared memory (collective; see
+        :meth:`GradientBuckets.close`).  ``grads`` stay valid."""
+        self._buckets.close()
+
     @property
     def params(self):
         """The parameter arrays, as a list in the order the optimizer sees them."""

@@ -142,3 +142,30 @@ def test_a_communicator_across_nodes_gets_plain_arrays(monkeypatch):
         assert not pycollective.release(a, comm=comm)
     finally:
         comm.Free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("overlap", [True, False])
+def test_buckets_of_a_pycollective_comm_are_shared(overlap):
+    """GradientBuckets on a pycollective.Comm: shared buckets, the exact average, close."""
+    comm = pycollective.Comm(MPI.COMM_WORLD, algorithm="shm")
+    rank, size = comm.rank, comm.size
+    shapes = [(COUNT,), (3, 5)]
+    buckets = pycollective.GradientBuckets(shapes, comm, cap_bytes=0, overlap=overlap)
+    registry = get_context(MPI.COMM_WORLD).peek(_shared._KEY)
+    assert all(registry.locate(buf) is not None for buf in buckets.buffers)
+    xs = [exact_values(rank, int(np.prod(s)), "float32", "sum").reshape(s) for s in shapes]
+    for step in range(2):
+        for i in reversed(range(len(shapes))):
+            buckets.ready(i, xs[i])
+        grads = buckets.wait()
+        for i, s in enumerate(shapes):
+            n = int(np.prod(s))
+            total = exact_reduce([exact_values(q, n, "float32", "sum") for q in range(size)],
+                                 "sum", "float32")
+            np.testing.assert_array_equal(grads[i], (total / np.float32(size)).reshape(s))
+    held = len(registry.entries)
+    buckets.close()
+    assert len(registry.entries) == held - len(buckets.buffers)
+    plain = pycollective.GradientBuckets(shapes, MPI.COMM_WORLD)
+    assert all(registry.locate(buf) is None for buf in plain.buffers)
