@@ -139,6 +139,22 @@ def allocate(ctx, shape, dtype):
 
 
 def forget(ctx, array):
-    """Drop the allocation holding ``array`` on this rank (see :func:`allocate`)."""
+    """Drop the allocation holding ``array`` on every rank (collective; the caller holds
+    the lock and every rank has arrived); False where it is no shared allocation.
+
+    Raises:
+        ValueError: on every rank, if the ranks' arrays are not all from the same
+            allocation (or not all from none): dropping different ones would leave
+            a rank unable to read what a peer publishes later.  Nothing is dropped.
+    """
     registry = ctx.peek(_KEY)
-    return registry is not None and registry.forget(array)
+    found = registry.locate(array) if registry is not None else None
+    numbers = ctx.comm.allgather(None if found is None else found[0])
+    if len(set(numbers)) > 1:
+        def name(number):
+            return "plain memory" if number is None else f"shared allocation #{number}"
+        raise ValueError(
+            f"release on {ctx.label}: the ranks passed arrays of different allocations ("
+            + ", ".join(f"rank {q}: {name(v)}" for q, v in enumerate(numbers))
+            + "); every rank must release its array of the same shared_empty call")
+    return found is not None and registry.forget(array)

@@ -28,10 +28,12 @@ def path(request, monkeypatch):
 
 
 def _buffers(mode, x, rank):
-    """``(src, dst, in place)`` for one mode; shared allocations where the mode says."""
+    """``(src, dst, in place, allocations)`` for one mode; shared allocations where the mode
+    says (every rank makes the same two, to release them together)."""
     n = x.size
     src = pycollective.shared_empty(n + 7 if mode == "offset" else n, x.dtype)
     dst = pycollective.shared_empty(n + 7 if mode == "offset" else n, x.dtype)
+    allocations = (src, dst)
     if mode == "offset":  # views inside the allocation, at offsets that differ by rank
         src, dst = src[rank % 7:rank % 7 + n], dst[7 - rank % 7:7 - rank % 7 + n]
     src[...] = x
@@ -42,8 +44,8 @@ def _buffers(mode, x, rank):
     elif mode == "odd ranks plain" and rank % 2:
         src, dst = x.copy(), np.empty_like(x)
     elif mode == "in place":
-        return src, src, True
-    return src, dst, False
+        return src, src, True, allocations
+    return src, dst, False, allocations
 
 
 @pytest.mark.mpi(min_size=2)
@@ -54,7 +56,7 @@ def test_shared_buffers_give_the_exact_sum(path, mode):
     x = exact_values(rank, COUNT, "float32", "sum")
     expected = exact_reduce([exact_values(q, COUNT, "float32", "sum") for q in range(size)],
                             "sum", "float32")
-    src, dst, in_place = _buffers(mode, x, rank)
+    src, dst, in_place, allocations = _buffers(mode, x, rank)
     before = src.copy()
     for _ in range(2):  # a second call reuses every registration
         if in_place:
@@ -64,7 +66,8 @@ def test_shared_buffers_give_the_exact_sum(path, mode):
             pycollective.allreduce(src, dst, algorithm="shm")
             assert np.array_equal(src, before), "the send buffer changed"
         np.testing.assert_array_equal(dst, expected)
-    pycollective.release(src if mode != "offset" else src.base)
+    for a in allocations:
+        assert pycollective.release(a)
 
 
 @pytest.mark.mpi(min_size=2)
@@ -119,8 +122,29 @@ def test_shapes_and_dtypes_may_differ_between_ranks():
     assert np.all(a == rank)
     b = pycollective.shared_empty(0)
     assert b.size == 0 and b.dtype == np.float32
-    pycollective.release(a)
-    pycollective.release(b)
+    assert pycollective.release(a) and pycollective.release(b)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_releasing_different_allocations_raises_on_every_rank():
+    """Rank 0 releases one allocation, the others another: every rank raises, naming the
+    ranks, and nothing is dropped (a later call with either still works)."""
+    comm = MPI.COMM_WORLD
+    rank, size = comm.rank, comm.size
+    a = pycollective.shared_empty(COUNT)
+    b = pycollective.shared_empty(COUNT)
+    with pytest.raises(ValueError, match=r"rank 0: shared allocation #\d+, rank 1: shared "
+                                         r"allocation #\d+.*same shared_empty call"):
+        pycollective.release(a if rank == 0 else b)
+    x = exact_values(rank, COUNT, "float32", "sum")
+    a[...] = x
+    pycollective.allreduce(a, b, algorithm="shm")
+    expected = exact_reduce([exact_values(q, COUNT, "float32", "sum") for q in range(size)],
+                            "sum", "float32")
+    np.testing.assert_array_equal(b, expected)
+    with pytest.raises(ValueError, match="plain memory"):
+        pycollective.release(a if rank == 0 else np.empty(3))
+    assert pycollective.release(a) and pycollective.release(b)
 
 
 @pytest.mark.mpi(min_size=2)

@@ -47,6 +47,13 @@ of KB): same targets, headers and left fold, so a call may mix it with the
 Python steps; a wait that runs long is handed back to Python (the deadline,
 the side channel) and the compiled call resumes after it.
 
+Shared allocations (``pycollective.shared_empty``, :mod:`.._shared`): in the
+calls above 1 MiB, which end with a sync, each rank also publishes where its
+``src`` and ``dst`` lie in the node's shared allocations.  Peer by peer, a
+shared ``src`` is read as a view (no copy-in into the slot, no
+``process_vm_readv``), and a rank with a shared ``dst`` reduces its slice
+into it, from where the others copy it; other buffers go as above.
+
 Small messages (up to ``REPLICATE_BYTES`` = 4 KiB) take a shorter path:
 every rank copies its whole input into its slot, one sync, and every rank
 reduces the whole vector itself, operands in rank order 0..N-1.
