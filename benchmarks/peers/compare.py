@@ -38,8 +38,13 @@ How the comparison is interleaved, exactly:
   against MPICH's native result on exact data (the bench);
 * "pycollective best" is, per (N, size), the algorithm with the lowest
   median over rounds (chosen after the fact, so slightly flattered by noise
-  when several algorithms are close); "pycollective auto" is
-  ``algorithm="auto"`` timed as a user calls it.
+  when several algorithms are close), on the caller's own (plain numpy)
+  arrays; "pycollective auto" is ``algorithm="auto"`` timed as a user calls
+  it;
+* ``--shared`` (default ``shm``) also times those algorithms on buffers from
+  ``pycollective.shared_empty`` (cases ``shm+shared``, in the same
+  repetitions); the report lists them apart, against the best plain case,
+  the fastest peer and the floor, and no target counts them.
 
 Before each launch the CPU idle share over one second and other MPI jobs on
 the machine are recorded, and the driver waits (up to ``--wait`` seconds)
