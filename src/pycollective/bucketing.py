@@ -157,11 +157,18 @@ class GradientBuckets:
 
     def close(self):
         """Hand back the buckets' shared memory (collective where they are shared; the
-        arrays, and ``grads``, stay valid as ordinary memory).  Nothing to do otherwise."""
+        arrays, and ``grads``, stay valid as ordinary memory).  Nothing to do otherwise.
+        ``with GradientBuckets(...) as buckets:`` closes them at the end of the block."""
         if self._shared is not None:
             for buf in self.buffers:
                 release(buf, comm=self._shared)
             self._shared = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     @property
     def nbuckets(self):

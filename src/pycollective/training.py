@@ -451,8 +451,14 @@ class DistributedOptimizer:
 
     def close(self):
         """Hand back the gradient buckets' shared memory (collective; see
-        :meth:`GradientBuckets.close`).  ``grads`` stay valid."""
+        :meth:`GradientBuckets.close`).  ``grads`` stay valid; ``with`` closes too."""
         self._buckets.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     @property
     def params(self):

@@ -193,3 +193,6 @@ def test_buckets_of_a_pycollective_comm_are_shared(overlap):
     assert len(registry.entries) == held - len(buckets.buffers)
     plain = pycollective.GradientBuckets(shapes, MPI.COMM_WORLD)
     assert all(registry.locate(buf) is None for buf in plain.buffers)
+    with pycollective.GradientBuckets(shapes, comm) as scoped:
+        assert len(registry.entries) == held - len(buckets.buffers) + len(scoped.buffers)
+    assert len(registry.entries) == held - len(buckets.buffers)
