@@ -39,7 +39,7 @@ reduced through a ``pycollective.Comm`` on the same communicator (and the
 same algorithm, if it is one) that compresses its floating sums.
 
 Memory.  With a ``pycollective.Comm`` (and no compression) the buckets are
-``pycollective.shared_empty`` arrays: where the ranks share a node, ``shm``
+slices of one ``pycollective.shared_empty`` array: where the ranks share a node, ``shm``
 reads a peer's bucket where it lies instead of copying it (above 1 MiB;
 0.5-0.9 of the time, docs/usage.md#shared-buffers).  Constructing the
 buckets is then collective, and :meth:`GradientBuckets.close` (collective
@@ -136,13 +136,20 @@ class GradientBuckets:
         if shared is None:
             shared = isinstance(comm, Comm) and compressor is None
         self._shared = MPI.Intracomm(comm) if shared else None
+        counts = [sum(sizes[i] for i in members) for members in self.layout]
+        # Shared: one allocation (one collective, one segment) holding every
+        # bucket, each starting on a 64-byte line.
+        align = max(1, 64 // self.dtype.itemsize)
+        starts = np.cumsum([0] + [-(-c // align) * align for c in counts]).tolist()
+        self._memory = None
+        if self._shared is not None:
+            self._memory = shared_empty(starts[-1], self.dtype, comm=self._shared)
+            self._memory[...] = 0
         for b, members in enumerate(self.layout):
-            count = sum(sizes[i] for i in members)
-            if self._shared is None:
-                buf = np.zeros(count, self.dtype)
+            if self._memory is None:
+                buf = np.zeros(counts[b], self.dtype)
             else:
-                buf = shared_empty(count, self.dtype, comm=self._shared)
-                buf[...] = 0
+                buf = self._memory[starts[b]:starts[b] + counts[b]]
             offset = 0
             for i in members:
                 self.grads[i] = buf[offset:offset + sizes[i]].reshape(self.shapes[i])
@@ -160,8 +167,7 @@ class GradientBuckets:
         arrays, and ``grads``, stay valid as ordinary memory).  Nothing to do otherwise.
         ``with GradientBuckets(...) as buckets:`` closes them at the end of the block."""
         if self._shared is not None:
-            for buf in self.buffers:
-                release(buf, comm=self._shared)
+            release(self._memory, comm=self._shared)
             self._shared = None
 
     def __enter__(self):
