@@ -46,6 +46,31 @@ def test_every_algorithm_right_at_small_sizes():
 
 
 @pytest.mark.mpi(min_size=2)
+def test_shared_buffers_are_checked_and_handed_back():
+    """--shared: the buffers are shared allocations (shm reads them in place above 1 MiB),
+    every case is checked as usual, and the memory is released after each size."""
+    from pycollective import _shared
+    from pycollective._context import get_context
+    made = []
+    original = _allreduce._memory.shared_empty
+
+    def spy(n, d, comm=None):
+        made.append(original(n, d, comm=comm))
+        return made[-1]
+    _allreduce._memory.shared_empty = spy
+    try:
+        rows, _ = bench.main(["shm", "ring", "--M", "262147", "--mode", "both", "--shared"]
+                             + QUICK)
+    finally:
+        _allreduce._memory.shared_empty = original
+    assert len(made) == 6  # input, ours, expected; out of place and in place
+    assert [r["name"] for r in rows] == ["native", "shm", "ring"] * 2
+    assert bench.failures(rows) == [] and all(r["wrong"] == 0 for r in rows)
+    registry = get_context(MPI.COMM_WORLD).peek(_shared._KEY)
+    assert all(registry.locate(a) is None for a in made)
+
+
+@pytest.mark.mpi(min_size=2)
 def test_sweep_on_a_sub_communicator(tmp_path):
     """A count sweep from 0 on an odd-sized Split communicator (when there are 3+ ranks)."""
     world = MPI.COMM_WORLD

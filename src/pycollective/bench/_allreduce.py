@@ -10,6 +10,7 @@ cross-rank agreement live in :mod:`pycollective.bench._harness`.
 import numpy as np
 from mpi4py import MPI
 
+from .. import _allocate as _memory
 from .. import _auto
 from .. import _collectives as _api
 from .. import _options as _opts
@@ -177,6 +178,10 @@ def _options(p):
                             "decision (with the times of its trials)")
     p.add_argument("--plot", default=None, metavar="FILE.png",
                    help="plot busbw against size (needs matplotlib: pip install pycollective[plot])")
+    p.add_argument("--shared", action="store_true",
+                   help="the input and result buffers come from pycollective.shared_empty, "
+                        "which shm reads in place above 1 MiB (the MPI library's Allreduce "
+                        "gets the same buffers)")
     p.add_argument("--no-agree", action="store_true",
                    help="turn off pycollective's cross-rank argument agreement (one small "
                         "Allreduce per call) to time the algorithms alone")
@@ -432,6 +437,9 @@ def run(args, session):
     beliefs = _Beliefs(state, nranks, predict)
     cases = [algorithm_case(n) for n in names]
     previous_check = _opts.set_check(not args.no_agree)
+    if args.shared:
+        session.print("# buffers: pycollective.shared_empty (shm reads them in place above "
+                      "1 MiB; docs/usage.md#shared-buffers)")
     rows = []
     progress = session.progress(len(args.counts) * len(args.modes))
     try:
@@ -444,9 +452,19 @@ def run(args, session):
                     session.print(beliefs.explain(names, count, dtype.name, args.op, reasons))
                 pick = beliefs.pick(count, dtype, args.op)
                 calibrated = beliefs.calibrated(count, dtype)
-                got = compare_with_native(measure(
-                    comm, ALLREDUCE, cases, count, dtype, args.op, inplace=inplace,
-                    iters=args.iters, warmup=args.warmup, budget=args.budget))
+                made = []
+
+                def empty(n, d):
+                    made.append(_memory.shared_empty(n, d, comm=comm))
+                    return made[-1]
+                try:
+                    got = compare_with_native(measure(
+                        comm, ALLREDUCE, cases, count, dtype, args.op, inplace=inplace,
+                        iters=args.iters, warmup=args.warmup, budget=args.budget,
+                        empty=empty if args.shared else np.empty))
+                finally:
+                    for a in made:
+                        _memory.release(a, comm=comm)
                 for r in got:
                     if r["name"] == "auto" and tuning is not None:
                         r["tune_calls"], r["tune_time"] = tuning["calls"], tuning["time"]

@@ -132,7 +132,7 @@ def failures(rows):
 
 
 def measure(comm, collective, cases, count, dtype, op, *, inplace=False, iters=10,
-            warmup=2, budget=None, min_iters=3, inner=1):
+            warmup=2, budget=None, min_iters=3, inner=1, empty=np.empty):
     """Time and check ``cases`` and the collective's reference on one configuration.
 
     Collective: every rank must call it with the same arguments.
@@ -158,6 +158,10 @@ def measure(comm, collective, cases, count, dtype, op, *, inplace=False, iters=1
             ranks; out of place only (in place, each call would reduce the
             last one's result).  Warm-up calls stay single, so every one of
             them is checked; of a timed repetition, the last call is.
+        empty: ``empty(count, dtype)`` makes the input and the two result
+            buffers (``numpy.empty``; the allreduce bench's ``--shared`` gives
+            ``pycollective.shared_empty``, collective, so every rank makes them
+            in the same order).
 
     Returns:
         One dict per case, reference first, with keys ``name``, ``nranks``,
@@ -175,10 +179,10 @@ def measure(comm, collective, cases, count, dtype, op, *, inplace=False, iters=1
     nranks, rank = comm.Get_size(), comm.Get_rank()
     dtype = np.dtype(dtype)
     allcases = [collective.reference] + list(cases)
-    send = np.empty(count, dtype)
+    send = empty(count, dtype)
     collective.init(send, rank, nranks, op)
-    ours = np.empty(count, dtype)
-    expected = np.empty(count, dtype)
+    ours = empty(count, dtype)
+    expected = empty(count, dtype)
 
     send_crc = _crc(send)
     ncases = len(allcases)
