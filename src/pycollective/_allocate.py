@@ -5,6 +5,8 @@ public, collective side: the communicator's lock (bounded, like a
 collective's), every rank's arrival (bounded), then the allocation.
 """
 
+import operator
+
 import numpy as np
 
 from . import _settings, _shared, _watch
@@ -54,7 +56,8 @@ def shared_empty(shape, dtype=np.float32, *, comm=None):
     array, or ``comm`` is freed.
     """
     dtype = np.dtype(dtype)
-    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
+    shape = ((operator.index(shape),) if isinstance(shape, (int, np.integer))
+             else tuple(operator.index(s) for s in shape))
     if any(s < 0 for s in shape):
         raise ValueError(f"shared_empty: negative dimension in shape {shape}")
     if dtype.hasobject:

@@ -165,7 +165,9 @@ class GradientBuckets:
     def close(self):
         """Hand back the buckets' shared memory (collective where they are shared; the
         arrays, and ``grads``, stay valid as ordinary memory).  Nothing to do otherwise.
-        ``with GradientBuckets(...) as buckets:`` closes them at the end of the block."""
+        ``with GradientBuckets(...) as buckets:`` closes them at the end of the block
+        (not when the block raises: the other ranks may not be closing, and the memory
+        then goes with the communicator)."""
         if self._shared is not None:
             release(self._memory, comm=self._shared)
             self._shared = None
@@ -173,8 +175,9 @@ class GradientBuckets:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
 
     @property
     def nbuckets(self):

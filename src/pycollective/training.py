@@ -457,8 +457,9 @@ class DistributedOptimizer:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:  # a raising block may be on this rank only (see GradientBuckets)
+            self.close()
 
     @property
     def params(self):

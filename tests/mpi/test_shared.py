@@ -153,6 +153,8 @@ def test_bad_shapes_raise_on_every_rank():
         pycollective.shared_empty((4, -1))
     with pytest.raises(TypeError, match="object arrays"):
         pycollective.shared_empty(4, object)
+    with pytest.raises(TypeError):
+        pycollective.shared_empty((2.5, 3))
 
 
 @pytest.mark.mpi(min_size=2)
@@ -198,3 +200,9 @@ def test_buckets_of_a_pycollective_comm_are_shared(overlap):
         assert len(registry.entries) == held
         assert all(buf.ctypes.data % 64 == 0 for buf in scoped.buffers)
     assert len(registry.entries) == held - 1
+    # A block that raises (maybe on this rank only) leaves the memory to the communicator.
+    with pytest.raises(KeyError):
+        with pycollective.GradientBuckets(shapes, comm) as scoped:
+            raise KeyError("this rank's own trouble")
+    assert len(registry.entries) == held
+    scoped.close()
