@@ -15,13 +15,23 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT = int(os.environ.get("PYCOLLECTIVE_SUITE_TIMEOUT", "600"))
+# Left out at 8 ranks (four per core on the CI machines): the drop-in's buffer
+# forms and other collectives, the bench and its commands, the calibration, the
+# training example and helpers.  They test plumbing that does not change with
+# the number of ranks beyond what 2, 3 and 4 cover; every algorithm, shared-memory,
+# agreement, fault and ZeRO module still runs at 8.  Together they were 39 s of
+# the 8-rank suite's 217 s (pytest --durations=0), 40-55 s of the README suite.
+NOT_AT_8 = ("test_bench.py", "test_bench_commands.py", "test_calibrate.py", "test_comm.py",
+            "test_comm_collectives.py", "test_example.py", "test_training.py")
 
 
 @pytest.mark.parametrize("nranks", [2, 3, 4, 8])
 def test_mpi_suite(nranks):
     env = dict(os.environ, PYTHON=sys.executable, PYCOLLECTIVE_TIMEOUT=str(LIMIT))
+    left_out = [f"--ignore={ROOT / 'tests' / 'mpi' / name}" for name in NOT_AT_8
+                if nranks == 8]
     cmd = [str(ROOT / "scripts" / "run_mpi.sh"), str(nranks), "-m", "pytest", "--with-mpi",
-           "-q", "-p", "no:cacheprovider", str(ROOT / "tests" / "mpi")]
+           "-q", "-p", "no:cacheprovider", *left_out, str(ROOT / "tests" / "mpi")]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=LIMIT + 60)
     output = proc.stdout + proc.stderr
