@@ -206,3 +206,26 @@ def test_buckets_of_a_pycollective_comm_are_shared(overlap):
             raise KeyError("this rank's own trouble")
     assert len(registry.entries) == held
     scoped.close()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("algorithm", ["shm", "auto", "ring"])
+def test_shared_buffers_at_every_small_size(algorithm):
+    """Below 1 MiB shared arrays take the usual paths: still exact at 0, 1, N-1, N, N+1,
+    primes, in place and out of place, and the send buffer unchanged."""
+    comm = MPI.COMM_WORLD
+    rank, size = comm.rank, comm.size
+    src = pycollective.shared_empty(10_007, np.int32)
+    dst = pycollective.shared_empty(10_007, np.int32)
+    for count in (0, 1, size - 1, size, size + 1, 1021, 10_007):
+        x = exact_values(rank, count, "int32", "sum")
+        expected = exact_reduce([exact_values(q, count, "int32", "sum") for q in range(size)],
+                                "sum", "int32")
+        s, d = src[:count], dst[:count]
+        s[...] = x
+        pycollective.allreduce(s, d, algorithm=algorithm)
+        np.testing.assert_array_equal(d, expected)
+        np.testing.assert_array_equal(s, x)
+        pycollective.allreduce(MPI.IN_PLACE, s, algorithm=algorithm)
+        np.testing.assert_array_equal(s, expected)
+    assert pycollective.release(src) and pycollective.release(dst)
