@@ -13,7 +13,6 @@ their inputs, after every round.
 """
 
 import argparse
-import time
 
 import numpy as np
 from mpi4py import MPI
@@ -21,6 +20,8 @@ from mpi4py import MPI
 import pycollective
 from pycollective._exact import exact_case
 from pycollective._units import count_arg
+
+from _turns import take_turns
 
 
 def main(argv=None):
@@ -41,34 +42,28 @@ def main(argv=None):
         shared_src = pycollective.shared_empty(count, x.dtype)
         shared_dst = pycollective.shared_empty(count, x.dtype)
         shared_src[...] = x
-        ways = {"plain": (plain_src, plain_dst, "shm"),
-                "shared": (shared_src, shared_dst, "shm"),
-                "native": (plain_src, plain_dst, None)}
-        calls = max(3, min(30, int(args.bytes / (count * 4 * n))))
-        times = {name: [] for name in ways}
-        for r in range(args.rounds):
-            for name in (list(ways) if r % 2 == 0 else list(ways)[::-1]):
-                src, dst, algorithm = ways[name]
+        buffers = {"plain": (plain_src, plain_dst), "shared": (shared_src, shared_dst),
+                   "native": (plain_src, plain_dst)}
 
-                def run():
-                    if algorithm is None:
-                        world.Allreduce(src, dst)
-                    else:
-                        pycollective.allreduce(src, dst, algorithm=algorithm)
-                run()  # the first call of a turn is not timed
-                world.Barrier()
-                t0 = time.perf_counter()
-                for _ in range(calls):
-                    run()
-                took = world.allreduce((time.perf_counter() - t0) / calls, op=MPI.MAX)
-                if not (np.array_equal(dst, expected) and np.array_equal(src, x)):
-                    raise SystemExit(f"rank {rank}: {name} gave a wrong result at M = {count}")
-                times[name].append(took)
+        def way(name):
+            src, dst = buffers[name]
+            if name == "native":
+                return lambda: world.Allreduce(src, dst)
+            return lambda: pycollective.allreduce(src, dst, algorithm="shm")
+
+        def wrong(name):
+            src, dst = buffers[name]
+            if not (np.array_equal(dst, expected) and np.array_equal(src, x)):
+                return f"{name} gave a wrong result at M = {count}"
+            return None
+
+        calls = max(3, min(30, int(args.bytes / (count * 4 * n))))
+        med = take_turns(world, {name: way(name) for name in buffers}, args.rounds, calls,
+                         wrong)
         pycollective.release(shared_src)
         pycollective.release(shared_dst)
         if rank == 0:
-            med = {name: np.median(t) * 1e3 for name, t in times.items()}
-            cells = "  ".join(f"{name} {t:7.2f}" for name, t in med.items())
+            cells = "  ".join(f"{name} {t * 1e3:7.2f}" for name, t in med.items())
             print(f"M = {count:>9} ({count * 4 / 2**20:5.1f} MiB): {cells}  "
                   f"shared / plain {med['shared'] / med['plain']:.2f}", flush=True)
 

@@ -21,7 +21,6 @@ second communicator takes the single copy at every size here unforced).
 
 import argparse
 import os
-import time
 
 import numpy as np
 from mpi4py import MPI
@@ -30,6 +29,8 @@ import pycollective
 from pycollective._exact import exact_case
 from pycollective._units import count_arg
 from pycollective.algorithms import shm
+
+from _turns import take_turns
 
 
 def _communicator(world, cma):
@@ -112,22 +113,15 @@ def main(argv=None):
         if args.collective != "allreduce":
             x, out, expected = _other_case(args.collective, x, expected, rank, n)
         calls = max(3, min(30, int(args.bytes / (count * 4 * n))))
-        times = {name: [] for name in ways}
-        for r in range(args.rounds):
-            for name in (list(ways) if r % 2 == 0 else list(ways)[::-1]):
-                run = ways[name]
-                run(x, out)  # the first call of a turn is not timed
-                world.Barrier()
-                t0 = time.perf_counter()
-                for _ in range(calls):
-                    run(x, out)
-                took = world.allreduce((time.perf_counter() - t0) / calls, op=MPI.MAX)
-                if not np.array_equal(out, expected):
-                    raise SystemExit(f"rank {rank}: {name} gave a wrong sum at M = {count}")
-                times[name].append(took)
+
+        def wrong(name):
+            if not np.array_equal(out, expected):
+                return f"{name} gave a wrong sum at M = {count}"
+            return None
+        turns = {name: (lambda run=run: run(x, out)) for name, run in ways.items()}
+        med = take_turns(world, turns, args.rounds, calls, wrong)
         if rank == 0:
-            med = {name: np.median(t) * 1e3 for name, t in times.items()}
-            cells = "  ".join(f"{name} {t:7.2f}" for name, t in med.items())
+            cells = "  ".join(f"{name} {t * 1e3:7.2f}" for name, t in med.items())
             print(f"M = {count:>9} ({count * 4 / 2**20:5.1f} MiB): {cells}  "
                   f"slots / single copy {med['slots'] / med['single copy']:.2f}", flush=True)
     slots.Free()
