@@ -47,8 +47,7 @@ class Registry:
         self.group = group
         self.rank, self.size = group.rank, group.size
         # Rows of the node's address headers: src number, offset, dst number, offset.
-        self.rows = group.cma[:, 4:8]
-        self.rows[self.rank] = NONE
+        self.rows = group.cma[:, 4:8]  # NONE everywhere since the group was made
         self.entries = {}  # number -> (every rank's region as uint8, region bytes)
         self.spans = []    # (start, end, number) of this rank's regions, sorted by start
         self.next_number = 0
@@ -88,11 +87,19 @@ class Registry:
         return True
 
     def publish(self, src, dst):
-        """Write where this call's ``src`` and ``dst`` lie (before the call's first sync)."""
+        """Write where this call's ``src`` and ``dst`` lie (before the call's first sync);
+        return whether each is a shared allocation."""
         row = self.rows[self.rank]
+        shared = []
         for column, array in ((SRC, src), (DST, dst)):
             found = self.locate(array) if array.nbytes else None
             row[column:column + 2] = found if found is not None else (NONE, 0)
+            shared.append(found is not None)
+        return tuple(shared)
+
+    def peer_buffers(self, count, dtype):
+        """``(srcs, dsts)``: :meth:`peers` of both columns."""
+        return self.peers(SRC, count, dtype), self.peers(DST, count, dtype)
 
     def peers(self, column, count, dtype):
         """Per node rank, its published ``src`` (``column`` SRC) or ``dst`` (DST) as a

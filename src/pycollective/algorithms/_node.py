@@ -144,7 +144,7 @@ def cross_reduce(cross, src, out, lo, hi, kernel, block_bytes=None, direct=None)
                 kernel(first if q == 1 else target, x, target)
 
 
-def reduce_range(state, src, out, lo, hi, kernel, peers):
+def reduce_range(state, src, out, lo, hi, kernel, peers, copy_to=None):
     """``out = x_0[lo:hi] op x_1[lo:hi] op ... op x_{N-1}[lo:hi]``, in rank order.
 
     Args:
@@ -156,6 +156,8 @@ def reduce_range(state, src, out, lo, hi, kernel, peers):
             ``CrossMemory.SRC`` buffer, same element offsets), or the typed
             slot views, where every rank's slot holds its input at the same
             element offsets.
+        copy_to: ``hi - lo`` elements that also get each block of the result
+            while it is still in cache (slots only), or None.
     """
     if peers == "cma":
         cross_reduce(state.cross, src, out, lo, hi, kernel)
@@ -176,3 +178,5 @@ def reduce_range(state, src, out, lo, hi, kernel, peers):
             own[...] = src[b:e]
         operands = [own if q == r else peers[q][b:e] for q in range(n)]
         reduce_block(kernel, operands, out[b - lo:e - lo])
+        if copy_to is not None:
+            copy_to[b - lo:e - lo] = out[b - lo:e - lo]

@@ -92,15 +92,12 @@ node a transfer *is* a memory copy), and the reduction of f·M·s bytes at γ:
 
 import math
 
-import numpy as np
-
 from .. import _cma, _env, _shared, _watch
 from .._context import Key
 from .._errors import ConfigurationError
 from .._partition import chunk_bounds
 from .._registry import register
 from .._shmem import (
-    BLOCK_BYTES,
     DOUBLE_LIMIT,
     SharedSlots,
     copy_in,
@@ -111,7 +108,7 @@ from .._shmem import (
 )
 # Through the module, not its names: tests stand its gates aside by patching them.
 from . import _shm_steps as _steps
-from ._node import cross_reduce
+from ._node import cross_reduce, reduce_range
 from ._shm_steps import REPLICATE_BYTES
 # Above this, single copy where the system allows it (else the slots).  Each
 # process_vm_readv pins the peer's pages one by one; staged through the slots
@@ -163,31 +160,18 @@ def _shared_on(node, shared, src, dst, kernel, slots, bounds):
     other buffer goes through the slots as above.
     """
     rank = node.rank
-    shared.publish(src, dst)
-    own_src, own_dst = (int(shared.rows[rank, c]) != _shared.NONE
-                        for c in (_shared.SRC, _shared.DST))
+    own_src, own_dst = shared.publish(src, dst)
     if not own_src:
         copy_in(src, slots[rank], rank, bounds)
     node.sync()  # every rank's row published (and the headers checked)
-    srcs = shared.peers(_shared.SRC, dst.size, dst.dtype)
-    dsts = shared.peers(_shared.DST, dst.size, dst.dtype)
+    srcs, dsts = shared.peer_buffers(dst.size, dst.dtype)
     lo, hi = bounds[rank], bounds[rank + 1]
-    operands = [src if q == rank else slots[q] if x is None else x for q, x in enumerate(srcs)]
-    out = dst if own_dst else slots[rank]
-    block = max(1, BLOCK_BYTES // dst.itemsize)
-    # In place into dst, the first pass writes out before a rank >= 2 has read
-    # its own operand (operands go in rank order): stage that one.
-    staged = (np.empty(min(block, hi - lo), dst.dtype)
-              if own_dst and rank >= 2 and np.may_share_memory(src[lo:hi], dst[lo:hi]) else None)
-    for b in range(lo, hi, block):
-        e = min(b + block, hi)
-        ops = [x[b:e] for x in operands]
-        if staged is not None:
-            ops[rank] = staged[:e - b]
-            ops[rank][...] = src[b:e]
-        reduce_block(kernel, ops, out[b:e])
-        if not own_dst:
-            dst[b:e] = out[b:e]  # still in cache
+    operands = [slots[q] if x is None else x for q, x in enumerate(srcs)]
+    if own_dst:
+        reduce_range(node, src, dst[lo:hi], lo, hi, kernel, operands)
+    else:
+        reduce_range(node, src, slots[rank][lo:hi], lo, hi, kernel, operands,
+                     copy_to=dst[lo:hi])
     node.sync()
     for q, x in enumerate(dsts):
         qlo, qhi = bounds[q], bounds[q + 1]
@@ -210,8 +194,7 @@ def cma_allreduce_on(cross, src, dst, kernel, shared=None):
     cross.group.sync()  # the call's first: every header checked before any read
     srcs = dsts = None
     if shared is not None:
-        srcs = shared.peers(_shared.SRC, dst.size, dst.dtype)
-        dsts = shared.peers(_shared.DST, dst.size, dst.dtype)
+        srcs, dsts = shared.peer_buffers(dst.size, dst.dtype)
     lo, hi = bounds[r], bounds[r + 1]
     cross_reduce(cross, src, dst[lo:hi], lo, hi, kernel, direct=srcs)
     cross.group.sync()
@@ -230,7 +213,7 @@ class _ShmState:
 
     def __init__(self, ctx):
         group = whole_node(ctx)
-        self.node = self.cross = self.group = None
+        self.node = self.cross = None
         if group is None:
             # Every rank sees its node smaller than the communicator, so every
             # rank takes this branch: the reason is the same everywhere.
@@ -240,7 +223,6 @@ class _ShmState:
                 "use algorithm='hierarchical'")
             return
         self.node = SharedSlots(group)
-        self.group = group
         self.error = None
         # Same on all ranks: the wish is agreed, and so is the probe.
         if group.all_ok(_cma.available() and _env.SHM_CMA.get()):
@@ -278,13 +260,13 @@ def shm_allreduce(ctx, src, dst, kernel):
         raise ConfigurationError(state.error)
     call = _watch.current()
     if state.cross is not None and dst.nbytes > SINGLE_COPY_BYTES:
-        cma_allreduce_on(state.cross, src, dst, kernel, _shared.registry_of(state.group, ctx))
+        cma_allreduce_on(state.cross, src, dst, kernel, _shared.registry_of(state.node.group, ctx))
     elif _steps.compiled(state, call, dst):
         _steps.small_data(state.node, call, src, dst)
     elif _steps.mid_compiled(state.node, call, dst):
         _steps.mid_data(state.node, call, src, dst)
     else:
-        shm_allreduce_on(state.node, src, dst, kernel, _shared.registry_of(state.group, ctx))
+        shm_allreduce_on(state.node, src, dst, kernel, _shared.registry_of(state.node.group, ctx))
 
 
 def shm_agreed(ctx, src, dst, kernel, values, board):
