@@ -10,9 +10,8 @@ import operator
 import numpy as np
 
 from . import _settings, _shared, _watch
-from ._call import resolve_comm
+from ._call import hold, resolve_comm
 from ._context import comm_settings, get_context
-from ._errors import CollectiveTimeout
 
 __all__ = ["shared_empty", "release"]
 
@@ -21,15 +20,8 @@ def _entered(comm, what):
     """``comm``'s context with its lock taken and every rank arrived (both bounded)."""
     comm = resolve_comm(comm)
     ctx = get_context(comm)
-    if ctx.broken is not None:
-        raise _watch.broken_error(ctx, what)
-    limit = _settings.resolve(_settings.UNSET, comm_settings(comm).get(
-        "timeout", _settings.UNSET)).timeout
-    if not ctx.lock.acquire(timeout=-1 if limit is None else limit):
-        raise CollectiveTimeout(
-            f"{what} on {ctx.label}: another thread's collective on this communicator did "
-            f"not finish within {limit:g} s (calls on one communicator are serialised)",
-            collective=what, comm=ctx.label)
+    hold(ctx, what, _settings.resolve(_settings.UNSET, comm_settings(comm).get(
+        "timeout", _settings.UNSET)).timeout)
     try:
         _watch.arrive(ctx.comm, what)
     except BaseException:

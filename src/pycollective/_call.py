@@ -53,12 +53,11 @@ def settings_facts(settings: _settings.Settings) -> Facts:
             ("the agreement setting (set_check / PYCOLLECTIVE_CHECK)", int(settings.check)))
 
 
-def enter(ctx: Context, what: str, fp: tuple, settings: _settings.Settings,
-          words=None, tag_offset=None) -> _watch.Call:
-    """Take the communicator (bounded) and start a numbered call on it."""
+def hold(ctx: Context, what: str, limit) -> None:
+    """Take the communicator's lock, waiting at most ``limit`` seconds (None: no limit);
+    raise if the communicator is broken or another thread keeps it longer."""
     if ctx.broken is not None:
         raise _watch.broken_error(ctx, what)
-    limit = settings.timeout
     # Uncontended (the usual case) without the timed acquire's 0.2 us.
     if not ctx.lock.acquire(False) and not ctx.lock.acquire(
             timeout=-1 if limit is None else limit):
@@ -66,6 +65,12 @@ def enter(ctx: Context, what: str, fp: tuple, settings: _settings.Settings,
             f"{what} on {ctx.label}: another thread's collective on this communicator did "
             f"not finish within {limit:g} s (calls on one communicator are serialised)",
             collective=what, comm=ctx.label)
+
+
+def enter(ctx: Context, what: str, fp: tuple, settings: _settings.Settings,
+          words=None, tag_offset=None) -> _watch.Call:
+    """Take the communicator (bounded) and start a numbered call on it."""
+    hold(ctx, what, settings.timeout)
     if tag_offset is None:
         tag_offset = _watch.tag_offset(fp, _tag_ub(ctx)) if fp else 0
     return _watch.begin(ctx, what, fp, settings, tag_offset, words)
