@@ -174,13 +174,14 @@ class NodeGroup:
     def opening_steps(self, number, steps):
         """:meth:`compiled_step` with ``check`` for the first ``steps`` syncs of a new call
         numbered ``number``, for a caller without a call record (the repeated call's fast
-        way, ``algorithms/shm.py``).  Returns the first target (the others follow it by
-        one) and the header set to publish into, which the first sync also checks."""
-        publish = self.headers[self._published & 1]
+        way, ``algorithms/_shm_steps.py``).  Returns the first target (the others follow it
+        by one) and which header set to publish into, which the first sync also checks:
+        ``headers[side]`` (0 or 1)."""
+        side = self._published & 1
         self._published += 1
         self._number, self._step, self._unchecked = number, steps, None
         self._last = (number << 24) + steps
-        return self._last - steps + 1, publish
+        return self._last - steps + 1, side
 
     def header_set(self):
         """The header set this rank published last (its current call's)."""
@@ -297,9 +298,13 @@ class SharedMax:
     def take(self):
         """The board of this MAX (they alternate); the next MAX takes the other.  Compiled
         steps that post their row with their data take it here too (``algorithms/shm.py``)."""
-        board = self.group.boards[self.parity]
+        return self.group.boards[self.take_side()]
+
+    def take_side(self):
+        """:meth:`take`, as which of the two boards it is (``group.boards[side]``)."""
+        side = self.parity
         self.parity ^= 1
-        return board
+        return side
 
     @staticmethod
     def fold(board, values):

@@ -41,6 +41,7 @@ bitwise the same whichever path a call takes.
 """
 
 import numba
+import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
@@ -49,12 +50,14 @@ from numba.extending import intrinsic, overload
 from .._atomics import raise_own, wait_own
 from .._kernels import _max, _max_f16, _min, _min_f16, _prod, _prod_f16, _sum, _sum_f16
 from .._shmem import BLOCK_BYTES
-# The verdicts, header and agreement-row code are the small path's: one home.
-from ._small import (DISAGREE, DONE, HEADERS_DIFFER, LATE, UNFOLDED, _header, _headers_agree,
-                     _row_folded, rows_verdict)
+from .._views import view
+# The verdicts, header and agreement-row code and the shared control words
+# are the small path's: one home.
+from ._small import (DISAGREE, DONE, HEADERS_DIFFER, LATE, OP, RANK, SIZE, UNFOLDED, _header,
+                     _headers_agree, _row_folded, controlled, rows_verdict)
 
-__all__ = ["step", "agreed_step", "DONE", "DISAGREE", "HEADERS_DIFFER", "LATE", "UNFOLDED",
-           "HALF"]
+__all__ = ["step", "agreed_step", "prepared_step", "CONTROL_WORDS", "DONE", "DISAGREE",
+           "HEADERS_DIFFER", "LATE", "UNFOLDED", "HALF"]
 
 HALF = 4  # op codes 4-7: float16's kernels (sum, prod, max, min) on uint16 views
 
@@ -222,3 +225,26 @@ def agreed_step(flags, rank, size, first, second, board, values, flat, stride, b
         return verdict, 1
     return _finish(flags, rank, size, 1, second, flat, stride, base, src, dst, bounds, checking,
                    op)
+
+
+# --- the folded step of a prepared call (``_shm_steps.RepeatedMid``), by address -----------
+# Control words after the shared ones (``_small.FLAGS`` .. ``_small.OP``, the
+# op with HALF added for float16): the whole segment as one array, the
+# slot stride, each region's base (bit 1 of ``sides``), the slice bounds.
+FLAT, FLAT_LEN, STRIDE, BASE, _BASE_1, BOUNDS = range(15, 21)
+CONTROL_WORDS = 21
+# What prepared_step calls, bound here: compiled code takes a global's value when it is
+# compiled, and tests wrap the module's agreed_step in Python to count or fail its calls.
+_agreed = agreed_step
+
+
+@_jit
+def prepared_step(ctl, src, dst, first, number, sides):
+    """:func:`agreed_step` (targets ``first`` and ``first + 1``, the same header set to
+    publish and check) with its other arrays at the addresses in ``ctl``."""
+    flags, board, values, headers, fingerprint = controlled(ctl, sides)
+    flat = view(ctl[FLAT], ctl[FLAT_LEN], dst.dtype)
+    bounds = view(ctl[BOUNDS], ctl[SIZE] + 1, np.int64)
+    return _agreed(flags, ctl[RANK], ctl[SIZE], first, first + 1, board, values, flat,
+                   ctl[STRIDE], ctl[BASE + (sides >> 1 & 1)], src, dst, bounds, headers, number,
+                   fingerprint, headers, ctl[OP])

@@ -12,7 +12,12 @@ disagree, a rank that went the longer way, headers that differ).
 :class:`RepeatedSmall` and :class:`RepeatedMid` are the same calls prepared
 for one dtype and size (the registry's ``repeated``), with the fast way of
 ``_call.run_remembered`` (``fast``: the call numbered, its compiled step,
-no call record unless the step hands the call back).
+no call record unless the step hands the call back).  The fast way passes
+the arrays that stay the same call after call (flags, boards, header sets,
+slots, agreement template, fingerprint) by address, in control words built
+once per plan and slots (``_small.prepared_step``, ``_mid.prepared_step``):
+three arrays and three integers to type on entry instead of 13 or 18
+arguments, 5-15 % of a call below 1 MiB (docs/results/2026-12-02-entry.md).
 """
 
 import functools
@@ -21,6 +26,7 @@ import numpy as np
 
 from .._partition import chunk_bounds
 from .._shmem import DOUBLE_LIMIT, FP_WORDS
+from .._views import address
 from . import _mid, _small
 
 __all__ = ["REPLICATE_BYTES", "COMPILED", "compiled", "small_data", "small_agreed",
@@ -306,6 +312,8 @@ class _Repeated:
         self.dtype = np.dtype(np.uint16) if self.half else dst.dtype
         self.node = self.segment = None
         self.views = ()
+        self.plan = self.ctl = None  # the plan the control words are for, and the words
+        self.kept = ()               # the arrays behind their addresses
 
     def _resolve(self, state, call, dst):
         """The views of both regions, or () where this path cannot run."""
@@ -319,6 +327,8 @@ class _Repeated:
     def _again(self, ctx, call, values, src, dst):
         """Resolve again (first call, slots grown or freed since), then run."""
         self.node, self.segment, self.views = None, None, ()  # drop the old slots' views
+        self.plan = self.ctl = None
+        self.kept = ()
         state = ctx.peek(self.key)
         views = () if state is None or state.node is None else self._resolve(state, call, dst)
         if not views:
@@ -327,6 +337,30 @@ class _Repeated:
         self.node, self.segment, self.views = node, node.segment, views
         return self(ctx, call, values, src, dst)
 
+    def _control(self, plan, words):
+        """Control words (``_small.CONTROL_WORDS``'s layout, ``words`` of them) with the
+        shared ones filled from the resolved slots' node group and ``plan``; the subclass
+        fills its own.  The arrays behind the addresses are kept in ``kept``."""
+        group = self.node.group
+        flags, boards, headers = group.barrier.words, group.boards, group.headers
+        values, fingerprint = plan.template, plan.words
+        kept = (flags, boards, headers, values, fingerprint)
+        if not all(a.dtype == np.int64 and a.flags.c_contiguous for a in kept):
+            raise AssertionError("control words need C-contiguous int64 arrays")
+        ctl = np.zeros(words, np.int64)
+        ctl[_small.FLAGS], ctl[_small.FLAGS_LEN] = address(flags), flags.size
+        ctl[_small.RANK], ctl[_small.SIZE] = group.rank, group.size
+        ctl[_small.BOARD:_small.BOARD + 2] = address(boards[0]), address(boards[1])
+        ctl[_small.BOARD_WIDTH] = boards.shape[2]
+        ctl[_small.VALUES], ctl[_small.VALUES_LEN] = address(values), values.size
+        ctl[_small.HEADERS:_small.HEADERS + 2] = address(headers[0]), address(headers[1])
+        ctl[_small.HEADER_WIDTH] = headers.shape[2]
+        ctl[_small.FINGERPRINT] = address(fingerprint)
+        ctl[_small.FINGERPRINT_LEN] = fingerprint.size
+        self.kept = kept + tuple(self.views)
+        self.plan, self.ctl = plan, ctl
+        return ctl
+
 
 class RepeatedSmall(_Repeated):
     """:func:`small_agreed`, prepared: ``views`` are both regions' slot rows."""
@@ -334,6 +368,7 @@ class RepeatedSmall(_Repeated):
     def __init__(self, ctx, dst, kernel, board, key, fallback):
         super().__init__(ctx, dst, kernel, board, key, fallback)
         self.step = _small.agreed_step_half if self.half else _small.agreed_step
+        self.prepared = _small.prepared_step_half if self.half else _small.prepared_step
         self.nbytes = dst.nbytes
 
     def _resolve(self, state, call, dst):
@@ -357,19 +392,31 @@ class RepeatedSmall(_Repeated):
         node = self.node
         if node is None or node.segment is not self.segment:
             return self  # nothing done yet: the whole call, with its record
+        ctl = self.ctl if plan is self.plan else self._prepare(plan)
         group = node.group
-        target, headers = group.opening_steps(number, 1)
-        board = self.board.take()
-        rows = self.views[node.parity]
+        target, side = group.opening_steps(number, 1)
+        board_side, parity = self.board.take_side(), node.parity
         if self.half:
             src, dst = src.view(np.uint16), dst.view(np.uint16)
-        verdict = self.step(group.barrier.words, group.rank, group.size, target, board,
-                            plan.template, rows, src, headers, number, plan.words, dst,
-                            plan.fingerprint[3])
+        verdict = self.prepared(ctl, src, dst, target, number,
+                                board_side | parity << 1 | side << 2)
         if verdict == _small.DONE:
             node.begin(self.nbytes)
             return None
-        return functools.partial(self._rest, target, rows, headers, board, verdict)
+        return functools.partial(self._rest, target, self.views[parity], group.headers[side],
+                                 group.boards[board_side], verdict)
+
+    def _prepare(self, plan):
+        """The control words of :func:`._small.prepared_step` for ``plan``."""
+        ctl = self._control(plan, _small.CONTROL_WORDS)
+        rows = self.views
+        stride, itemsize = rows[0].strides[0], rows[0].itemsize
+        if stride % itemsize or rows[0].strides[1] != itemsize:
+            raise AssertionError("slot rows must lie whole elements apart")
+        ctl[_small.ROWS:_small.ROWS + 2] = address(rows[0]), address(rows[1])
+        ctl[_small.ROW_STRIDE], ctl[_small.COUNT] = stride // itemsize, self.count
+        ctl[_small.OP] = plan.fingerprint[3]
+        return ctl
 
     def _rest(self, target, rows, headers, board, verdict, ctx, call, values, src, dst):
         return _small_after(self.node, call, src, dst, values, self.board, self.step, target,
@@ -409,17 +456,33 @@ class RepeatedMid(_Repeated):
         node = self.node
         if node is None or node.segment is not self.segment:
             return self
+        ctl = self.ctl if plan is self.plan else self._prepare(plan)
         group = node.group
-        first, headers = group.opening_steps(number, 2)
-        args = _mid_call_args(self.views[node.parity], self.bounds, self.half, number,
-                              plan.words, plan.fingerprint[3], src, dst, headers, headers)
-        rows = self.board.take()
-        verdict, phase = _mid.agreed_step(group.barrier.words, group.rank, group.size, first,
-                                          first + 1, rows, plan.template, *args)
+        first, side = group.opening_steps(number, 2)
+        board_side, parity = self.board.take_side(), node.parity
+        data_src, data_dst = (src.view(np.uint16), dst.view(np.uint16)) if self.half \
+            else (src, dst)
+        verdict, phase = _mid.prepared_step(ctl, data_src, data_dst, first, number,
+                                            board_side | parity << 1 | side << 2)
         if verdict == _mid.DONE:
             node.begin(self.nbytes)
             return None
-        return functools.partial(self._rest, first, args, headers, rows, verdict, phase)
+        headers = group.headers[side]
+        args = _mid_call_args(self.views[parity], self.bounds, self.half, number, plan.words,
+                              plan.fingerprint[3], src, dst, headers, headers)
+        return functools.partial(self._rest, first, args, headers, group.boards[board_side],
+                                 verdict, phase)
+
+    def _prepare(self, plan):
+        """The control words of :func:`._mid.prepared_step` for ``plan``."""
+        ctl = self._control(plan, _mid.CONTROL_WORDS)
+        (flat, stride, base0), (_, _, base1) = self.views
+        ctl[_mid.FLAT], ctl[_mid.FLAT_LEN], ctl[_mid.STRIDE] = address(flat), flat.size, stride
+        ctl[_mid.BASE:_mid.BASE + 2] = base0, base1
+        ctl[_mid.BOUNDS] = address(self.bounds)
+        ctl[_small.OP] = plan.fingerprint[3] + (_mid.HALF if self.half else 0)
+        self.kept += (self.bounds,)
+        return ctl
 
     def _rest(self, first, args, headers, rows, verdict, phase, ctx, call, values, src, dst):
         return _mid_after(self.node, call, self.nbytes, values, self.board, first, first + 1,

@@ -16,6 +16,11 @@ the same protocol is one compiled call:
   call instead of two: on two cores with four or eight ranks each one
   costs a scheduling slice.
 
+A repeated call (the fast path's) runs :func:`prepared_step`: the same
+folded step, its arrays passed by address in one array of control words
+(see the comment above it), because entering a compiled call costs about
+0.15 µs per array argument.
+
 The steps, their barrier targets and what each publishes are exactly those
 of the Python path (``SharedMax.max`` then ``shm_allreduce_on``), so ranks
 that take different paths for the same call still meet: the folded step is
@@ -32,13 +37,16 @@ left fold by the same kernels, so results are bitwise the same.
 """
 
 import numba
+import numpy as np
 
 from .._atomics import raise_own, wait_own
 from .._kernels import _max, _max_f16, _min, _min_f16, _prod, _prod_f16, _sum, _sum_f16
+from .._views import strided, view
 
 __all__ = ["data_step", "data_step_half", "agreed_step", "agreed_step_half",
            "rows_verdict", "rows_agree", "reduce", "reduce_half", "DONE", "DISAGREE",
-           "HEADERS_DIFFER", "LATE", "UNFOLDED", "all_folded"]
+           "HEADERS_DIFFER", "LATE", "UNFOLDED", "all_folded", "prepared_step",
+           "prepared_step_half", "controlled", "CONTROL_WORDS"]
 
 DONE, DISAGREE, HEADERS_DIFFER, LATE, UNFOLDED = 0, 1, 2, 3, 4
 HEADER_WORDS = 10  # call number + fingerprint
@@ -238,3 +246,54 @@ def agreed_step_half(flags, rank, size, target, board, values, rows, src, header
     if verdict != DONE:
         return verdict
     return reduce_half(headers, rank, size, rows, dst, op)
+
+
+# --- the folded step of a prepared call, its arrays by address ----------------------------
+# A repeated call (``_shm_steps.RepeatedSmall``, ``RepeatedMid``) passes the
+# same arrays every time: it keeps their addresses in one int64 array of
+# control words, and the step takes its views again inside (``_views``):
+# three arrays and three integers to type on entry instead of 13-18
+# arguments.  The arrays that alternate between calls (the agreement
+# boards, the header sets, the slot regions) have two words each; ``sides``
+# says which one this call uses: bit 0 the board, bit 1 the region, bit 2
+# the header set.  Words 0-14 are shared by both paths, the rest are each
+# path's own (``ROWS``.. here, ``_mid.FLAT``..).
+(FLAGS, FLAGS_LEN, RANK, SIZE, BOARD, _BOARD_1, BOARD_WIDTH, VALUES, VALUES_LEN, HEADERS,
+ _HEADERS_1, HEADER_WIDTH, FINGERPRINT, FINGERPRINT_LEN, OP) = range(15)
+ROWS, _ROWS_1, ROW_STRIDE, COUNT = range(15, 19)
+CONTROL_WORDS = 19
+
+
+@_jit
+def controlled(ctl, sides):
+    """The arrays both paths' control words hold: flags, board, values, header set, fingerprint."""
+    size = ctl[SIZE]
+    flags = view(ctl[FLAGS], ctl[FLAGS_LEN], np.int64)
+    board = view(ctl[BOARD + (sides & 1)], (size, ctl[BOARD_WIDTH]), np.int64)
+    values = view(ctl[VALUES], ctl[VALUES_LEN], np.int64)
+    headers = view(ctl[HEADERS + (sides >> 2 & 1)], (size, ctl[HEADER_WIDTH]), np.int64)
+    fingerprint = view(ctl[FINGERPRINT], ctl[FINGERPRINT_LEN], np.int64)
+    return flags, board, values, headers, fingerprint
+
+
+@_jit
+def _controlled_rows(ctl, sides, dtype):
+    return strided(ctl[ROWS + (sides >> 1 & 1)], ctl[SIZE], ctl[COUNT], ctl[ROW_STRIDE], dtype)
+
+
+@_jit
+def prepared_step(ctl, src, dst, target, number, sides):
+    """:func:`agreed_step` with its other arrays at the addresses in ``ctl``."""
+    flags, board, values, headers, fingerprint = controlled(ctl, sides)
+    rows = _controlled_rows(ctl, sides, dst.dtype)
+    return agreed_step(flags, ctl[RANK], ctl[SIZE], target, board, values, rows, src, headers,
+                       number, fingerprint, dst, ctl[OP])
+
+
+@_jit
+def prepared_step_half(ctl, src, dst, target, number, sides):
+    """:func:`prepared_step` for float16 (uint16 views)."""
+    flags, board, values, headers, fingerprint = controlled(ctl, sides)
+    rows = _controlled_rows(ctl, sides, dst.dtype)
+    return agreed_step_half(flags, ctl[RANK], ctl[SIZE], target, board, values, rows, src,
+                            headers, number, fingerprint, dst, ctl[OP])

@@ -1,0 +1,48 @@
+"""Arrays at raw addresses in compiled code (``pycollective._views``)."""
+
+import numba
+import numpy as np
+import pytest
+
+from pycollective._views import address, strided, view
+
+
+@numba.njit
+def _add_through_view(at, n, dtype, value):
+    a = view(at, n, dtype)
+    for i in range(n):
+        a[i] += value
+
+
+@numba.njit
+def _rows_sum(at, rows, count, stride, dtype):
+    a = strided(at, rows, count, stride, dtype)
+    return a.shape[0], a.shape[1], a.sum()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int64, np.uint16])
+def test_a_view_writes_the_array_at_the_address(dtype):
+    x = np.arange(10, dtype=dtype)
+    _add_through_view(address(x[3:]), 5, x.dtype, 1)
+    expected = np.arange(10, dtype=dtype)
+    expected[3:8] += 1
+    assert np.array_equal(x, expected)
+
+
+def test_address_is_that_of_the_first_element():
+    x = np.zeros(16, np.float64)
+    assert address(x) == x.ctypes.data
+    assert address(x[5:]) == x.ctypes.data + 5 * 8
+
+
+@pytest.mark.parametrize("rows, count, stride", [(3, 4, 10), (1, 7, 7), (4, 1, 5), (0, 3, 8)])
+def test_strided_rows_cover_exactly_their_elements(rows, count, stride):
+    # the gaps between rows and the words after the last one hold 1000s: a row that
+    # started or ended in the wrong place would count them
+    extent = max(0, (rows - 1) * stride + count)
+    flat = np.full(extent + 8, 1000, np.int64)
+    for q in range(rows):
+        flat[q * stride:q * stride + count] = np.arange(q * stride, q * stride + count)
+    got = _rows_sum(address(flat), rows, count, stride, flat.dtype)
+    expected = sum(int(flat[q * stride + i]) for q in range(rows) for i in range(count))
+    assert got == (rows, count, expected)
