@@ -226,7 +226,8 @@ def threads(algorithms, calls="60", shapes="same", check="on"):
         # a fresh clone's first shm calls compile for 2-3 s per rank on an idle
         # machine, and the test is about the calls' order, not about that.
         warm = WORLD.Dup()
-        for _ in range(2):  # the full path, then the repeated call's
+        # the full path, the repeated call's first (it resolves the slots), then its fast way
+        for _ in range(3):
             x = data(RANK, 2000)
             pycollective.allreduce(x, np.empty_like(x), comm=warm, algorithm=algo)
         warm.Free()

@@ -284,9 +284,14 @@ _NO_HEADERS = np.zeros((0, FP_WORDS), np.int64)  # no header set to write or com
 
 @functools.lru_cache(maxsize=64)
 def _slice_bounds(count, size):
-    bounds = np.array(chunk_bounds(count, size), np.int64)
-    bounds.flags.writeable = False
-    return bounds
+    """The N + 1 slice bounds as int64 (shared by every caller: nothing writes them).
+
+    Left writable: :func:`._mid.prepared_step` views them by address as a
+    writable array, and the same array type as an argument here lets it reuse
+    the step ``_mid.agreed_step`` compiled for the first call (a read-only
+    one would be a second compile of the whole step, 4-7 s on a fresh install).
+    """
+    return np.array(chunk_bounds(count, size), np.int64)
 
 
 # --- prepared repeated calls (the registry's ``repeated``) ---------------------------------
