@@ -41,8 +41,11 @@ def fetch_tests(cache: Path) -> Path:
     archive = cache / f"mpi4py-{version}.tar.gz"
     if not archive.is_file():
         cache.mkdir(parents=True, exist_ok=True)
+        # --timeout: a stalled connection is retried after 30 s, not pip's default 180
+        # (a fresh CI machine spent 356 s here once; the download takes 7 s)
         proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps",
-                               "--no-binary", ":all:", f"mpi4py=={version}", "-d", str(cache)],
+                               "--timeout", "30", "--no-binary", ":all:", f"mpi4py=={version}",
+                               "-d", str(cache)],
                               capture_output=True, text=True, timeout=900)
         if proc.returncode != 0 or not archive.is_file():
             last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
