@@ -226,7 +226,7 @@ class AutoState:
             if self.mode == "model":
                 return _registry.get(self._decide(key, dtype, Decision(
                     ranking[0][0], "model", count, {}, dict(ranking[:1]))).algorithm)
-            tuner = Tuner(ranking, count, always=_layout_aware())
+            tuner = Tuner(ranking, count, always=_layout_aware(self.layout))
             if tuner.decision is not None:  # one candidate: nothing to time
                 return _registry.get(self._decide(key, dtype, tuner.decision).algorithm)
             if len(self.tuners) >= self._LIMIT:
@@ -322,7 +322,7 @@ class AutoState:
             lines.append(f"tuning {lo}-{hi} B per rank: {tuner.calls} trial calls so far, "
                          f"candidates {list(tuner.alive)}")
         else:
-            first = candidates(self.ranking(count, dtype), always=_layout_aware())
+            first = candidates(self.ranking(count, dtype), always=_layout_aware(self.layout))
             lines.append(f"no call of {lo}-{hi} B per rank yet: the first calls will try "
                          f"{[n for n, _ in first]}" if self.mode == "tune"
                          else "the model decides")
@@ -347,9 +347,10 @@ def _load_everything():
     return params, mode, path, kept
 
 
-def _layout_aware():
-    """The allreduce algorithms auto always times where they can run (see ``_registry``)."""
-    return [n for n in _registry.names() if _registry.get(n).layout_aware]
+def _layout_aware(layout: Layout):
+    """The allreduce algorithms auto always times on ``layout`` where they can run (see
+    ``_registry``'s ``layout_aware``)."""
+    return [n for n in _registry.names() if _registry.get(n).times_always(layout)]
 
 
 def auto_for(ctx: Context, params: Optional[dict] = None,

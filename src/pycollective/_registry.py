@@ -14,7 +14,7 @@ algorithms can never exchange messages that match each other's receives.
 """
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 __all__ = ["Algorithm", "register", "unregister", "get", "names", "index", "reserve_tags",
            "tag_owners"]
@@ -68,6 +68,9 @@ class Algorithm:
     and links (shared memory inside a node), which the model prices least
     well without a calibration; ``algorithm="auto"`` times it among its
     candidates wherever it can run (:func:`pycollective.model.tuning.candidates`).
+    A callable ``layout_aware(layout) -> bool`` says on which layouts
+    (:class:`pycollective.model.topology.Layout`) that holds: elsewhere it is
+    a candidate only where the model ranks it so (:meth:`times_always`).
     """
 
     name: str
@@ -79,8 +82,13 @@ class Algorithm:
     collective: str = "allreduce"
     agreed: Optional[Callable] = None
     verifies_arguments: bool = False
-    layout_aware: bool = False
+    layout_aware: Union[bool, Callable] = False
     repeated: Optional[Callable] = None
+
+    def times_always(self, layout) -> bool:
+        """Whether ``auto`` times this algorithm whatever the model says, on ``layout``."""
+        aware = self.layout_aware
+        return bool(aware(layout)) if callable(aware) else aware
 
 
 _ALGORITHMS: Dict[str, Dict[str, Algorithm]] = {}
@@ -116,7 +124,8 @@ def tag_owners() -> Dict[int, str]:
 def register(name: str, run: Callable, summary: str, *, cost: Optional[Callable] = None,
              usable: Optional[UsableFn] = None, tags: Iterable[int] = (),
              collective: str = "allreduce", agreed: Optional[Callable] = None,
-             verifies_arguments: bool = False, layout_aware: bool = False,
+             verifies_arguments: bool = False,
+             layout_aware: Union[bool, Callable] = False,
              repeated: Optional[Callable] = None) -> Algorithm:
     """Add an algorithm; refuse a name or a message tag already in use.
 
@@ -146,7 +155,8 @@ def register(name: str, run: Callable, summary: str, *, cost: Optional[Callable]
                          f"cannot register {name!r}: the name is reserved")
     algo = Algorithm(name, run, summary, cost, usable or _always,
                      reserve_tags(f"{collective}:{name}", tags), collective, agreed,
-                     bool(verifies_arguments), bool(layout_aware), repeated)
+                     bool(verifies_arguments),
+                     layout_aware if callable(layout_aware) else bool(layout_aware), repeated)
     table[name] = algo
     return algo
 

@@ -216,3 +216,25 @@ def test_layout_aware_algorithms_are_always_candidates():
         "ring", "tree", "butterfly"]
     tuner = tuning.Tuner(ranking, 1000, always=["hierarchical"])
     assert tuner.alive == ["ring", "tree", "butterfly", "ps", "hierarchical"]
+
+
+@pytest.mark.parametrize("nodes", [(8,), (4, 4), (2, 3, 3)])
+def test_auto_times_hierarchical_whatever_the_model_says_only_across_nodes(nodes):
+    # On one node "hierarchical" is shm's node steps plus a whole-vector gather and
+    # copy: auto leaves it to the model's ranking there; "shm" it times on any layout.
+    import numpy as np
+
+    import pycollective.algorithms  # noqa: F401  (registers them)
+    from pycollective import _auto
+    from pycollective.model.params import builtin_params
+    from pycollective.model.topology import Layout
+
+    layout = Layout(nodes, True, tuple(2 for _ in nodes), 2 << 20)
+    always = _auto._layout_aware(layout)
+    assert ("hierarchical" in always) == (len(nodes) > 1), always
+    assert "shm" in always
+    state = _auto.AutoState(builtin_params("test"), sum(nodes), (), layout)
+    ranking = state.ranking(10_000_000, np.dtype(np.float32))
+    assert ranking[0][0] != "hierarchical"  # else the model alone would time it
+    trying = state.explain(10_000_000, np.float32, "sum")[-1]
+    assert ("'hierarchical'" in trying) == (len(nodes) > 1), trying

@@ -199,7 +199,21 @@ def hierarchical_cost(nranks, count, itemsize, alpha, beta, gamma, topo=None):
     return t
 
 
+def _spans_nodes(layout):
+    """Where auto times "hierarchical" whatever the model says: across nodes.
+
+    On one node it has one leader, so it is shm's node steps plus a gather of
+    the whole vector into the leader's slot and a copy of it by every rank:
+    more traffic than "shm" for the same result.  In the peers reports of
+    2026-12-01/02 it took 1.13-2.18x shm's time at 1e7, and yet, timed
+    against it in every class, it was kept in 3 of 6 launches at N = 8, 1e7
+    in 14:20's (1.2x slower; docs/results/2026-12-02-entry.md).  Where the
+    model ranks it among its best it is still timed.
+    """
+    return layout.spans_nodes
+
+
 register("hierarchical", hierarchical_allreduce,
          "shared-memory reduce inside each node, ring among one leader per node, "
          "shared-memory broadcast",
-         cost=hierarchical_cost, layout_aware=True)
+         cost=hierarchical_cost, layout_aware=_spans_nodes)

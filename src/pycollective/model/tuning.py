@@ -20,7 +20,9 @@ rank, ``[2^(k-1), 2^k)`` -- a :class:`Tuner`:
   ranks share cores and links, which the bare model only guesses -- measured
   on 2026-12-01, the uncalibrated model left ``shm`` out at 1 element on one
   node and ``hierarchical`` out at 1e6-1e7 across a 1 Gbit/s link, where each
-  was the fastest by 1.1-1.6x); at most :data:`MAX_CANDIDATES` in all;
+  was the fastest by 1.1-1.6x; an algorithm may say on which layouts this
+  holds, ``hierarchical`` across nodes only); at most :data:`MAX_CANDIDATES`
+  in all;
 * runs rounds; in each round every candidate still in the race serves one
   call, in the model's order -- or, for calls the model predicts to take
   less than :data:`SHORT_CALL`, a burst of :data:`BURST` consecutive
