@@ -317,8 +317,9 @@ class _Repeated:
         self.dtype = np.dtype(np.uint16) if self.half else dst.dtype
         self.node = self.segment = None
         self.views = ()
-        self.plan = self.ctl = None  # the plan the control words are for, and the words
-        self.kept = ()               # the arrays behind their addresses
+        # the plan the control words are for, and the words; the arrays behind their
+        # addresses stay alive with what holds them here: node.group, views, plan, bounds
+        self.plan = self.ctl = None
 
     def _resolve(self, state, call, dst):
         """The views of both regions, or () where this path cannot run."""
@@ -333,7 +334,6 @@ class _Repeated:
         """Resolve again (first call, slots grown or freed since), then run."""
         self.node, self.segment, self.views = None, None, ()  # drop the old slots' views
         self.plan = self.ctl = None
-        self.kept = ()
         state = ctx.peek(self.key)
         views = () if state is None or state.node is None else self._resolve(state, call, dst)
         if not views:
@@ -345,12 +345,12 @@ class _Repeated:
     def _control(self, plan, words):
         """Control words (``_small.CONTROL_WORDS``'s layout, ``words`` of them) with the
         shared ones filled from the resolved slots' node group and ``plan``; the subclass
-        fills its own.  The arrays behind the addresses are kept in ``kept``."""
+        fills its own."""
         group = self.node.group
         flags, boards, headers = group.barrier.words, group.boards, group.headers
         values, fingerprint = plan.template, plan.words
-        kept = (flags, boards, headers, values, fingerprint)
-        if not all(a.dtype == np.int64 and a.flags.c_contiguous for a in kept):
+        if not all(a.dtype == np.int64 and a.flags.c_contiguous
+                   for a in (flags, boards, headers, values, fingerprint)):
             raise AssertionError("control words need C-contiguous int64 arrays")
         ctl = np.zeros(words, np.int64)
         ctl[_small.FLAGS], ctl[_small.FLAGS_LEN] = address(flags), flags.size
@@ -362,7 +362,6 @@ class _Repeated:
         ctl[_small.HEADER_WIDTH] = headers.shape[2]
         ctl[_small.FINGERPRINT] = address(fingerprint)
         ctl[_small.FINGERPRINT_LEN] = fingerprint.size
-        self.kept = kept + tuple(self.views)
         self.plan, self.ctl = plan, ctl
         return ctl
 
@@ -486,7 +485,6 @@ class RepeatedMid(_Repeated):
         ctl[_mid.BASE:_mid.BASE + 2] = base0, base1
         ctl[_mid.BOUNDS] = address(self.bounds)
         ctl[_small.OP] = plan.fingerprint[3] + (_mid.HALF if self.half else 0)
-        self.kept += (self.bounds,)
         return ctl
 
     def _rest(self, first, args, headers, rows, verdict, phase, ctx, call, values, src, dst):
