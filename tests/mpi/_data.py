@@ -71,6 +71,33 @@ def replicas_identical(comm, array):
     return len(set(crcs)) == 1
 
 
+class Replicas:
+    """The replica check of a whole loop of calls in one collective.
+
+    ``add(where, out)`` records a checksum of one call's result on this rank;
+    ``differ(comm)`` gathers them all at once and returns the ``where`` of every
+    call whose result is not the same bytes on every rank (the same list on every
+    rank).  One allgather per loop instead of one per call: at 8 ranks on 2 cores
+    each collective costs milliseconds, and the per-call checks were two of the
+    five collectives of every step of the exact matrix.
+    """
+
+    def __init__(self):
+        self.where, self.crcs = [], []
+
+    def add(self, where, array):
+        self.where.append(where)
+        self.crcs.append(zlib.crc32(np.ascontiguousarray(array).view(np.uint8)))
+
+    def differ(self, comm):
+        every = comm.allgather(self.crcs)
+        if len({len(c) for c in every}) != 1:
+            return [f"ranks made different numbers of calls: {[len(c) for c in every]}"]
+        bad = [w for i, w in enumerate(self.where) if len({c[i] for c in every}) != 1]
+        self.where, self.crcs = [], []
+        return bad
+
+
 def bitwise_equal(a, b):
     return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(
         a.view(np.uint8), b.view(np.uint8))
@@ -99,8 +126,10 @@ def check_allreduce(comm, algorithm, dtype, op, count, failures, where):
         failures.append(f"{label} in place: {int(np.count_nonzero(inplace != expected))} wrong")
     if not bitwise_equal(send, original):
         failures.append(f"{label}: sendbuf modified")
-    if not replicas_identical(comm, out):
-        failures.append(f"{label}: ranks differ")
+    # No separate replica check: both results are compared bit for bit with
+    # ``expected``, the same on every rank, so ranks can only differ where a
+    # comparison above already failed (and a gather per call was a third of the
+    # collectives here).  Checks of rounded results keep theirs (``Replicas``).
 
 
 @contextmanager

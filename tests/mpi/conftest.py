@@ -44,10 +44,12 @@ def layouts():
     size, rank = world.Get_size(), world.Get_rank()
     comms = [("world", world)]
     for k in range(1, size // 2 + 1):
-        if size > 4 and 2 * k == size:
-            # Equal halves of more than 4 ranks repeat what the launch on
-            # size/2 ranks tests as its world (the suite runs at 2, 3, 4 and 8);
-            # at 8 ranks, oversubscribed 4x, they would cost a fifth of its time.
+        if size >= 4 and 2 * k == size:
+            # Equal halves of 4 or more ranks repeat what the launch on size/2
+            # ranks tests as its world (the suite runs at 2, 3, 4 and 8), and
+            # halves of 2 as sub-communicators are the 8-rank launch's split2.
+            # At 8 ranks, oversubscribed 4x, they would cost a fifth of its
+            # time, at 4 a quarter.
             continue
         sub = world.Split(0 if rank < k else 1, rank)
         comms.append((f"split{k}", sub))

@@ -5,7 +5,7 @@ import pytest
 from mpi4py import MPI
 
 import pycollective
-from _data import bitwise_equal, exact_reduce, exact_values, replicas_identical
+from _data import Replicas, bitwise_equal, exact_reduce, exact_values
 
 ALGORITHMS = pycollective.algorithms()
 BITS = {"float16": np.uint16, "float32": np.uint32, "float64": np.uint64}
@@ -37,15 +37,16 @@ def test_nan_results_are_bitwise_identical_on_every_rank(layouts, algorithm, dty
     failures = []
     for label, comm in layouts:
         n, r = comm.Get_size(), comm.Get_rank()
+        replicas = Replicas()
         for op in ("sum", "prod", "max", "min"):
             for count in (1, n + 1, 1001, 70_001):
                 x = _nan_data(r, count, dtype)
                 out = pycollective.allreduce(x, np.empty_like(x), op, comm=comm,
                                              algorithm=algorithm)
-                if not replicas_identical(comm, out):
-                    failures.append(f"{label} N={n} {op} count={count}: replicas differ")
+                replicas.add(f"{label} N={n} {op} count={count}", out)
                 if count > 1 and not np.isnan(out[0]) and n > 1 and op in ("sum", "prod"):
                     failures.append(f"{label} N={n} {op}: a NaN input gave a number")
+        failures += [f"{where}: replicas differ" for where in replicas.differ(comm)]
     assert not failures, failures[:5]
 
 
