@@ -123,6 +123,47 @@ def _copy(dst, src):
     _memcpy(dst.ctypes.data, src.ctypes.data, src.nbytes)
 
 
+@intrinsic
+def _stream_block(typingctx, dst, src):
+    # 32 bytes from ``src`` (any alignment) to ``dst`` (32-byte aligned) with a
+    # non-temporal store (LLVM ``!nontemporal``: movntdq and the like), which
+    # goes to memory instead of staying in this core's cache.  What orders it
+    # before the counter that publishes it is raise_counter's seq_cst fence
+    # (mfence on x86, which orders non-temporal stores too).
+    def codegen(context, builder, signature, args):
+        block = ir.VectorType(ir.IntType(64), 4)
+        value = builder.load(builder.inttoptr(args[1], block.as_pointer()), align=1)
+        store = builder.store(value, builder.inttoptr(args[0], block.as_pointer()), align=32)
+        store.set_metadata("nontemporal",
+                           builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
+        return context.get_dummy_value()
+    return types.void(types.intp, types.intp), codegen
+
+
+@_jit
+def _stream(dst, src):
+    """:func:`_copy` past the caches: the 32-byte-aligned middle of ``dst`` with
+    non-temporal stores, the ragged ends with plain ones."""
+    nbytes, d, s = src.nbytes, dst.ctypes.data, src.ctypes.data
+    head = min(nbytes, (32 - d % 32) % 32)
+    if head:
+        _memcpy(d, s, head)
+    i = head
+    while i + 32 <= nbytes:
+        _stream_block(d + i, s + i)
+        i += 32
+    if i < nbytes:
+        _memcpy(d + i, s + i, nbytes - i)
+
+
+@_jit
+def _copy_in(dst, src, nontemporal):
+    if nontemporal:
+        _stream(dst, src)
+    else:
+        _copy(dst, src)
+
+
 @_jit
 def _slot(flat, stride, base, q, lo, hi):
     """Elements ``[lo, hi)`` of rank q's slot region (slot q starts at ``q * stride + base``)."""
@@ -131,11 +172,14 @@ def _slot(flat, stride, base, q, lo, hi):
 
 
 @_jit
-def _post(flags, rank, target, flat, stride, base, src, bounds, headers, number, fingerprint):
-    """Phase 0's writes (copy-in, and the header where ``headers`` has rows), then the counter."""
+def _post(flags, rank, target, flat, stride, base, src, bounds, headers, number, fingerprint,
+          nontemporal):
+    """Phase 0's writes (copy-in, and the header where ``headers`` has rows), then the counter.
+
+    ``nontemporal``: copy in past this core's cache (see ``_shm_steps.Stores``)."""
     lo, hi = bounds[rank], bounds[rank + 1]
-    _copy(_slot(flat, stride, base, rank, 0, lo), src[:lo])
-    _copy(_slot(flat, stride, base, rank, hi, src.shape[0]), src[hi:])
+    _copy_in(_slot(flat, stride, base, rank, 0, lo), src[:lo], nontemporal)
+    _copy_in(_slot(flat, stride, base, rank, hi, src.shape[0]), src[hi:], nontemporal)
     if headers.shape[0]:
         _header(headers, rank, number, fingerprint)
     raise_own(flags, rank, target)
@@ -197,7 +241,8 @@ def step(flags, rank, size, phase, first, second, flat, stride, base, src, dst, 
     phase p (``first`` for 1, ``second`` for 2), then call again from p.
     """
     if phase == 0:
-        _post(flags, rank, first, flat, stride, base, src, bounds, headers, number, fingerprint)
+        _post(flags, rank, first, flat, stride, base, src, bounds, headers, number, fingerprint,
+              0)
         if wait_own(flags, rank, size, first) >= 0:
             return LATE, 1
     return _finish(flags, rank, size, phase, second, flat, stride, base, src, dst, bounds,
@@ -206,7 +251,7 @@ def step(flags, rank, size, phase, first, second, flat, stride, base, src, dst, 
 
 @_jit
 def agreed_step(flags, rank, size, first, second, board, values, flat, stride, base, src, dst,
-                bounds, headers, number, fingerprint, checking, op):
+                bounds, headers, number, fingerprint, checking, op, nontemporal):
     """:func:`step` from phase 0 with this rank's agreement row posted in ``board``.
 
     After the first wait, ``(DISAGREE, 1)`` if any rank's row differs from
@@ -217,7 +262,8 @@ def agreed_step(flags, rank, size, first, second, board, values, flat, stride, b
     :func:`step` from phase 1.
     """
     _row_folded(board, rank, values)
-    _post(flags, rank, first, flat, stride, base, src, bounds, headers, number, fingerprint)
+    _post(flags, rank, first, flat, stride, base, src, bounds, headers, number, fingerprint,
+          nontemporal)
     if wait_own(flags, rank, size, first) >= 0:
         return LATE, 1
     verdict = rows_verdict(board, values, size)
@@ -247,4 +293,4 @@ def prepared_step(ctl, src, dst, first, number, sides):
     bounds = view(ctl[BOUNDS], ctl[SIZE] + 1, np.int64)
     return _agreed(flags, ctl[RANK], ctl[SIZE], first, first + 1, board, values, flat,
                    ctl[STRIDE], ctl[BASE + (sides >> 1 & 1)], src, dst, bounds, headers, number,
-                   fingerprint, headers, ctl[OP])
+                   fingerprint, headers, ctl[OP], sides >> 3 & 1)

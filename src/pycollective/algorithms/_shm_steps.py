@@ -21,6 +21,7 @@ arguments, 5-15 % of a call below 1 MiB (docs/results/2026-12-02-entry.md).
 """
 
 import functools
+import time
 
 import numpy as np
 
@@ -33,6 +34,9 @@ __all__ = ["REPLICATE_BYTES", "COMPILED", "compiled", "small_data", "small_agree
            "mid_compiled", "mid_data", "mid_agreed", "repeated"]
 
 REPLICATE_BYTES = 4 << 10     # up to this, every rank reduces the whole vector
+# 0 or 1: every repeated sliced call copies in with that kind of stores (see Stores);
+# None: each chooses while running.  For benchmarks and tests.
+FORCE_STORES = None
 _F16 = np.dtype(np.float16)
 COMPILED = {np.dtype(t) for t in ("float16", "float32", "float64", "int8", "int16", "int32",
                                   "int64", "uint8", "uint16", "uint32", "uint64")}
@@ -246,7 +250,7 @@ def _mid_agreed_step(node, call, nbytes, values, board, first, second, args, hea
     group = node.group
     rows = board.take()
     verdict, phase = _mid.agreed_step(group.barrier.words, group.rank, group.size, first, second,
-                                      rows, values, *args)
+                                      rows, values, *args, 0)
     return _mid_after(node, call, nbytes, values, board, first, second, args, headers, rows,
                       verdict, phase)
 
@@ -427,6 +431,74 @@ class RepeatedSmall(_Repeated):
                             rows, headers, board, verdict)
 
 
+class Stores:
+    """Which stores a rank's repeated sliced call copies its input in with, chosen
+    while it runs: plain ones (0) or non-temporal ones (1, past this core's cache).
+
+    On the 2-core VMs a launch can be in a state where a core reading lines
+    from the other core's cache is 5-8x slower than in the launch before
+    (docs/results/2026-12-02-entry.md).  Then stores that go to memory make
+    the readers faster (0.30 of the time in benchmarks/shm/nontemporal.py);
+    otherwise they are slower (2.1-2.8x).  No fixed choice fits both, and the
+    state changes from launch to launch, so each rank times some of its own
+    calls of one shape (the same calls on every rank, as every rank makes
+    the same calls): the first ``PROBE`` alternate the two kinds, then one
+    call in ``8`` (``mask``) is timed, and one in ``SAMPLE`` (``RARELY``
+    where the other kind is clearly slower) takes the kind not in use.  Each kind's time is the median of its last
+    three timed calls, and the kind in use changes when the other's is below
+    ``SWITCH`` of its own.  The bytes in the slot are the same either way, so
+    ranks that choose differently still compute the same result.
+
+    The repeated call does the counting itself (``calls``, ``mask``: two
+    attribute operations on an untimed call) and calls :meth:`kind` and
+    :meth:`took` only for a timed one.
+    """
+
+    PROBE, SAMPLE, SWITCH = 8, 32, 0.85
+    # Where the kind not in use took 1.25x as long or more, it is tried 4x less
+    # often: each try costs that much (non-temporal stores took 1.4-1.6x at 1e5
+    # and more on two ranks in a fast launch: 1 in 32 calls cost 1.5-2 %).
+    CLEAR, RARELY = 1.25, 128
+    __slots__ = ("calls", "mask", "using", "recent", "median", "sample")
+
+    def __init__(self, chooses=True):
+        """``chooses``: False where this rank's waits sleep (its node's ranks outnumber
+        their cores, or ``PYCOLLECTIVE_SHM_WAIT=sleep``): there a call's time is mostly
+        which rank the scheduler ran when, and choosing from it made the calls of 4
+        and 8 ranks on 2 cores 1.1-1.4x slower than plain stores, which they keep."""
+        self.calls, self.using, self.sample = 0, 0, self.SAMPLE
+        self.mask = 0 if chooses else -1  # -1: no call is timed
+        self.recent, self.median = ([], []), [0.0, 0.0]
+
+    def kind(self):
+        """The kind for this (timed) call, the ``calls``-th."""
+        calls = self.calls
+        if calls <= self.PROBE:
+            return calls & 1
+        return self.using ^ (calls % self.sample == 0)
+
+    def took(self, kind, seconds):
+        """Record a timed call; switch kinds where the other is clearly faster.  The
+        median of the last three: a first call that compiled, or one the machine
+        stalled, does not count, and a change of state shows after two samples."""
+        recent = self.recent[kind]
+        recent.append(seconds)
+        if len(recent) > 3:
+            del recent[0]
+            a, b, c = recent
+            self.median[kind] = a + b + c - max(a, b, c) - min(a, b, c)
+        else:
+            self.median[kind] = max(recent)
+        if self.calls < self.PROBE:
+            return
+        self.mask = 7
+        using = self.using
+        mine, other = self.median[using], self.median[1 - using]
+        if 0.0 < other < self.SWITCH * mine:
+            self.using, mine, other = 1 - using, other, mine
+        self.sample = self.RARELY if other >= self.CLEAR * mine else self.SAMPLE
+
+
 class RepeatedMid(_Repeated):
     """:func:`mid_agreed`, prepared: ``views`` are both regions' :func:`_mid_slots`."""
 
@@ -434,11 +506,13 @@ class RepeatedMid(_Repeated):
         super().__init__(ctx, dst, kernel, board, key, fallback)
         self.nbytes = dst.nbytes
         self.bounds = None
+        self.stores = Stores()
 
     def _resolve(self, state, call, dst):
         if not _mid_agreed_runs(state, call, dst, self.board):
             return ()
         node = state.node
+        self.stores = Stores(chooses=not node.group.barrier.sleep)
         self.bounds = _slice_bounds(self.count, node.size)
         return tuple(_mid_slots(node, self.dtype, p * (node.capacity // 2)) for p in (0, 1))
 
@@ -466,9 +540,17 @@ class RepeatedMid(_Repeated):
         board_side, parity = self.board.take_side(), node.parity
         data_src, data_dst = (src.view(np.uint16), dst.view(np.uint16)) if self.half \
             else (src, dst)
+        stores = self.stores
+        stores.calls += 1
+        if stores.calls & stores.mask or FORCE_STORES is not None:
+            kind, started = stores.using if FORCE_STORES is None else FORCE_STORES, 0.0
+        else:
+            kind, started = stores.kind(), time.perf_counter()
         verdict, phase = _mid.prepared_step(ctl, data_src, data_dst, first, number,
-                                            board_side | parity << 1 | side << 2)
+                                            board_side | parity << 1 | side << 2 | kind << 3)
         if verdict == _mid.DONE:
+            if started:
+                stores.took(kind, time.perf_counter() - started)
             node.begin(self.nbytes)
             return None
         headers = group.headers[side]
