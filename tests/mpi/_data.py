@@ -108,10 +108,13 @@ def counts_for(nranks):
     return sorted({0, 1, max(nranks - 1, 0), nranks, nranks + 1, 13, 1000, 10007})
 
 
-def check_allreduce(comm, algorithm, dtype, op, count, failures, where):
-    """Exact data through ``algorithm``, both ways; append what is wrong to ``failures``."""
+def check_allreduce(comm, algorithm, dtype, op, count, failures, where, shift=0):
+    """Exact data through ``algorithm``, both ways; append what is wrong to ``failures``.
+
+    ``shift``: rank q sends rank (q + shift) % N's data, so that calls in a row
+    differ (a call that read a slot left from an earlier one gives a wrong sum)."""
     n, r = comm.Get_size(), comm.Get_rank()
-    everyone = [exact_values(q, count, dtype, op) for q in range(n)]
+    everyone = [exact_values((q + shift) % n, count, dtype, op) for q in range(n)]
     expected = exact_reduce(everyone, op, dtype)
     send = everyone[r]
     original = send.copy()
