@@ -443,11 +443,13 @@ class Stores:
     state changes from launch to launch, so each rank times some of its own
     calls of one shape (the same calls on every rank, as every rank makes
     the same calls): the first ``PROBE`` alternate the two kinds, then one
-    call in ``8`` (``mask``) is timed, and one in ``SAMPLE`` (``RARELY``
-    where the other kind is clearly slower) takes the kind not in use.  Each kind's time is the median of its last
-    three timed calls, and the kind in use changes when the other's is below
-    ``SWITCH`` of its own.  The bytes in the slot are the same either way, so
-    ranks that choose differently still compute the same result.
+    call in 8 (``mask``) is timed, and one in ``SAMPLE`` (``RARELY`` where
+    the other kind is clearly slower) takes the kind not in use.  Each
+    kind's time is the median of its last three timed calls, and the kind
+    in use changes when the other's is below ``SWITCH`` of its own.  The
+    bytes in the slot are the same either way, so ranks that choose
+    differently still compute the same result
+    (docs/results/2026-12-02-stores.md).
 
     The repeated call does the counting itself (``calls``, ``mask``: two
     attribute operations on an untimed call) and calls :meth:`kind` and
@@ -464,8 +466,9 @@ class Stores:
     def __init__(self, chooses=True):
         """``chooses``: False where this rank's waits sleep (its node's ranks outnumber
         their cores, or ``PYCOLLECTIVE_SHM_WAIT=sleep``): there a call's time is mostly
-        which rank the scheduler ran when, and choosing from it made the calls of 4
-        and 8 ranks on 2 cores 1.1-1.4x slower than plain stores, which they keep."""
+        which rank the scheduler ran when (two cases running the same code differed by
+        up to 1.8x in one launch of 4 ranks on 2 cores), too noisy to choose from, and
+        the calls keep plain stores."""
         self.calls, self.using, self.sample = 0, 0, self.SAMPLE
         self.mask = 0 if chooses else -1  # -1: no call is timed
         self.recent, self.median = ([], []), [0.0, 0.0]
