@@ -2,14 +2,15 @@
 
 ``_mid._stream`` copies with non-temporal stores where the destination is
 32-byte aligned and plain ones at the ragged ends; ``_shm_steps.Stores``
-chooses between it and the plain copy from the times of a rank's calls.
-On several ranks: tests/mpi/test_shm_mid.py (``FORCE_STORES``).
+chooses between it and the plain copy from the times of a rank's calls
+(or keeps a fixed kind).  On several ranks: tests/mpi/test_shm_mid.py
+(``FORCE_STORES``).
 """
 
 import numpy as np
 import pytest
 
-from pycollective.algorithms import _mid
+from pycollective.algorithms import _mid, _shm_steps
 from pycollective.algorithms._shm_steps import Stores
 
 
@@ -35,15 +36,12 @@ def test_the_streaming_copy_writes_exactly_the_destination(dtype):
 
 
 def _run(stores, times, calls):
-    """What ``RepeatedMid.fast`` does with ``stores`` for ``calls`` calls, each taking
-    ``times[kind]``; the kinds used, and which calls were timed."""
+    """What a call does with ``stores`` (``next``, then ``took`` if timed), for ``calls``
+    calls, each taking ``times[kind]``; the kinds used, and which calls were timed."""
     kinds, timed = [], []
     for _ in range(calls):
-        stores.calls += 1
-        if stores.calls & stores.mask:
-            kind = stores.using
-        else:
-            kind = stores.kind()
+        kind, started = stores.next()
+        if started:
             stores.took(kind, times[kind])
             timed.append(stores.calls)
         kinds.append(kind)
@@ -86,8 +84,8 @@ def test_a_rank_moves_to_the_other_kind_when_it_becomes_faster_and_back():
 def test_a_compiling_first_call_does_not_count():
     """The first call (which compiles: seconds) is outvoted by the next two of its kind."""
     stores = Stores()
-    stores.calls += 1
-    stores.took(stores.kind(), 3.0)  # call 1, non-temporal, compiling
+    kind, _ = stores.next()
+    stores.took(kind, 3.0)  # call 1, non-temporal, compiling
     _run(stores, {0: 10e-6, 1: 3e-6}, Stores.PROBE + 8)
     assert stores.using == 1
 
@@ -103,3 +101,30 @@ def test_a_rank_whose_waits_sleep_keeps_plain_stores_and_times_nothing():
     stores = Stores(chooses=False)
     kinds, timed = _run(stores, {0: 90e-6, 1: 10e-6}, 300)
     assert set(kinds) == {0} and timed == []
+
+
+def test_a_rank_whose_waits_sleep_keeps_the_fixed_kind():
+    """Where ranks outnumber cores the slot path above 1 MiB fixes non-temporal stores
+    from ``shm.STREAM_BYTES``: nothing is timed, so nothing moves it."""
+    stores = Stores(chooses=False, fixed=1, every=1)
+    kinds, timed = _run(stores, {0: 10e-6, 1: 90e-6}, 300)
+    assert set(kinds) == {1} and timed == []
+
+
+def test_timing_every_call_after_the_probe():
+    """``every=1`` (calls above 1 MiB, long beside a clock read): every call is timed,
+    the other kind still only one call in ``SAMPLE``, and a change is followed."""
+    stores = Stores(every=1)
+    kinds, timed = _run(stores, {0: 10e-6, 1: 11e-6}, 100)
+    assert timed == list(range(1, 101)) and stores.using == 0
+    assert [i + 1 for i, k in enumerate(kinds) if k and i >= Stores.PROBE] == \
+        list(range(Stores.SAMPLE, 101, Stores.SAMPLE))
+    _run(stores, {0: 50e-6, 1: 11e-6}, 2 * Stores.SAMPLE)
+    assert stores.using == 1
+
+
+def test_a_forced_kind_is_used_and_not_timed(monkeypatch):
+    monkeypatch.setattr(_shm_steps, "FORCE_STORES", 1)
+    stores = Stores(every=1)
+    kinds, timed = _run(stores, {0: 10e-6, 1: 90e-6}, 50)
+    assert set(kinds) == {1} and timed == []

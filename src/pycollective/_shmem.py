@@ -438,26 +438,51 @@ def reduce_block(kernel, operands, out):
         kernel(out, x, out)
 
 
-def copy_in(src, mine, rank, bounds):
-    """Copy ``src`` into the own slot ``mine``, except this rank's slice."""
+def copy_in(src, mine, rank, bounds, copy=None):
+    """Copy ``src`` into the own slot ``mine``, except this rank's slice.
+
+    ``copy(dst, src)``: how to copy (the slot path above 1 MiB may pass one
+    with non-temporal stores, ``shm.py``); numpy's assignment if None.
+    """
     lo, hi = bounds[rank], bounds[rank + 1]
     if lo:
-        mine[:lo] = src[:lo]
+        _assign(mine[:lo], src[:lo], copy)
     if hi < src.size:
-        mine[hi:] = src[hi:]
+        _assign(mine[hi:], src[hi:], copy)
 
 
-def reduce_own_slice(kernel, src, slots, rank, bounds, dst=None):
-    """Reduce slice ``rank`` of all inputs into the own slot (and ``dst`` if given)."""
+def _assign(dst, src, copy):
+    if copy is None:
+        dst[...] = src
+    else:
+        copy(dst, src)
+
+
+def reduce_own_slice(kernel, src, slots, rank, bounds, dst=None, copy=None):
+    """Reduce slice ``rank`` of all inputs into the own slot (and ``dst`` if given).
+
+    With ``copy`` (and ``dst``, not ``src``): each block is reduced into
+    ``dst`` and ``copy(slot block, dst block)`` writes it into the slot, so
+    that a copy which bypasses this core's cache does so on the slot, which
+    only the others read.  ``src`` is ``dst`` in place, and then ``dst``
+    cannot take partial results (a later pass would read them as this
+    rank's input): the slot does, as without ``copy``.
+    """
     lo, hi = bounds[rank], bounds[rank + 1]
     if hi == lo:
         return
     mine = slots[rank]
     block = max(1, BLOCK_BYTES // src.itemsize)
+    into_dst = copy is not None and dst is not None and not np.may_share_memory(src, dst)
     for b in range(lo, hi, block):
         e = min(b + block, hi)
+        operands = _operands(src, slots, rank, b, e)
+        if into_dst:
+            reduce_block(kernel, operands, dst[b:e])
+            copy(mine[b:e], dst[b:e])  # read back from cache
+            continue
         out = mine[b:e]
-        reduce_block(kernel, _operands(src, slots, rank, b, e), out)
+        reduce_block(kernel, operands, out)
         if dst is not None:
             dst[b:e] = out  # still in cache
 

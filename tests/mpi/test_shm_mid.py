@@ -437,6 +437,33 @@ def test_a_failure_in_the_fast_way_reaches_every_rank(count, monkeypatch):
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("kind", [0, 1])
+def test_slot_path_above_1mib_right_with_either_kind_of_stores(monkeypatch, kind):
+    """Above 1 MiB (below the single copy) the slot path writes the slot with the kind of
+    stores its ``Stores`` says (``FORCE_STORES`` pins it): the copy-in, and the own slice
+    reduced into ``dst`` and streamed into the slot (out of place; in place the slot
+    takes the partial results).  Item sizes 1, 2, 8, counts whose slices start anywhere
+    in a 32-byte block, calls in a row (the same slot each time), bitwise right, the
+    send buffer untouched; the streamed copy runs only with kind 1."""
+    monkeypatch.setattr(_shm_steps, "FORCE_STORES", kind)
+    comm = _fresh()
+    failures = []
+    try:
+        with _counting("stream_copy", _mid) as streamed:
+            for dtype in ("int8", "float16", "uint64"):
+                item = np.dtype(dtype).itemsize
+                for count in (DOUBLE_LIMIT // item + 1, (3 << 20) // item + 7):
+                    for i in range(3):
+                        check_allreduce(comm, "shm", dtype, "sum", count, failures,
+                                        f"call {i}", shift=i)
+        assert not failures, f"{len(failures)} failures: " + "; ".join(failures[:5])
+        # per call: the copy-in's one or two pieces, and one per block of the own slice
+        assert (streamed[0] > 0) == bool(kind), streamed[0]
+    finally:
+        _free(comm)
+
+
+@pytest.mark.mpi(min_size=2)
 def test_repeated_calls_right_with_non_temporal_stores(monkeypatch):
     """The repeated call's copy-in with non-temporal stores on every call
     (``_shm_steps.FORCE_STORES``; ``_shm_steps.Stores`` chooses while running, and its

@@ -56,7 +56,7 @@ from .._views import view
 from ._small import (DISAGREE, DONE, HEADERS_DIFFER, LATE, OP, RANK, SIZE, UNFOLDED, _header,
                      _headers_agree, _row_folded, controlled, rows_verdict)
 
-__all__ = ["step", "agreed_step", "prepared_step", "CONTROL_WORDS", "DONE", "DISAGREE",
+__all__ = ["step", "agreed_step", "prepared_step", "stream_copy", "CONTROL_WORDS", "DONE", "DISAGREE",
            "HEADERS_DIFFER", "LATE", "UNFOLDED", "HALF"]
 
 HALF = 4  # op codes 4-7: float16's kernels (sum, prod, max, min) on uint16 views
@@ -154,6 +154,17 @@ def _stream(dst, src):
         i += 32
     if i < nbytes:
         _memcpy(d + i, s + i, nbytes - i)
+
+
+def stream_copy(dst, src):
+    """``dst[...] = src`` by :func:`_stream` where both are contiguous arrays of one
+    dtype and shape (by numpy otherwise).  Whoever reads ``dst`` on another core
+    must be told through a sync, whose fence orders the non-temporal stores."""
+    if (dst.dtype == src.dtype and dst.shape == src.shape and dst.flags.c_contiguous
+            and src.flags.c_contiguous):
+        _stream(dst.reshape(-1).view(np.uint8), src.reshape(-1).view(np.uint8))
+    else:
+        dst[...] = src
 
 
 @_jit

@@ -451,9 +451,9 @@ class Stores:
     differently still compute the same result
     (docs/results/2026-12-02-stores.md).
 
-    The repeated call does the counting itself (``calls``, ``mask``: two
-    attribute operations on an untimed call) and calls :meth:`kind` and
-    :meth:`took` only for a timed one.
+    A call takes its kind from :meth:`next` and reports a timed one to
+    :meth:`took`.  ``shm``'s slot path above 1 MiB keeps one per size for its
+    copy-in and the writes of its slice into the slot (``shm.py``).
     """
 
     PROBE, SAMPLE, SWITCH = 8, 32, 0.85
@@ -461,17 +461,27 @@ class Stores:
     # often: each try costs that much (non-temporal stores took 1.4-1.6x at 1e5
     # and more on two ranks in a fast launch: 1 in 32 calls cost 1.5-2 %).
     CLEAR, RARELY = 1.25, 128
-    __slots__ = ("calls", "mask", "using", "recent", "median", "sample")
+    __slots__ = ("calls", "mask", "using", "recent", "median", "sample", "every")
 
-    def __init__(self, chooses=True):
+    def __init__(self, chooses=True, fixed=0, every=8):
         """``chooses``: False where this rank's waits sleep (its node's ranks outnumber
         their cores, or ``PYCOLLECTIVE_SHM_WAIT=sleep``): there a call's time is mostly
         which rank the scheduler ran when (two cases running the same code differed by
         up to 1.8x in one launch of 4 ranks on 2 cores), too noisy to choose from, and
-        the calls keep plain stores."""
-        self.calls, self.using, self.sample = 0, 0, self.SAMPLE
+        the calls keep the ``fixed`` kind.  ``every``: once probed, one call in this
+        many is timed (a power of two; 1 where a call is long beside a clock read)."""
+        self.calls, self.using, self.sample = 0, 0 if chooses else fixed, self.SAMPLE
+        self.every = every
         self.mask = 0 if chooses else -1  # -1: no call is timed
         self.recent, self.median = ([], []), [0.0, 0.0]
+
+    def next(self):
+        """Count a call; (its kind, its start time if it is timed, else 0.0).  A timed
+        call reports with :meth:`took`."""
+        self.calls += 1
+        if self.calls & self.mask or FORCE_STORES is not None:
+            return (self.using if FORCE_STORES is None else FORCE_STORES), 0.0
+        return self.kind(), time.perf_counter()
 
     def kind(self):
         """The kind for this (timed) call, the ``calls``-th."""
@@ -494,7 +504,7 @@ class Stores:
             self.median[kind] = max(recent)
         if self.calls < self.PROBE:
             return
-        self.mask = 7
+        self.mask = self.every - 1
         using = self.using
         mine, other = self.median[using], self.median[1 - using]
         if 0.0 < other < self.SWITCH * mine:
@@ -543,17 +553,12 @@ class RepeatedMid(_Repeated):
         board_side, parity = self.board.take_side(), node.parity
         data_src, data_dst = (src.view(np.uint16), dst.view(np.uint16)) if self.half \
             else (src, dst)
-        stores = self.stores
-        stores.calls += 1
-        if stores.calls & stores.mask or FORCE_STORES is not None:
-            kind, started = stores.using if FORCE_STORES is None else FORCE_STORES, 0.0
-        else:
-            kind, started = stores.kind(), time.perf_counter()
+        kind, started = self.stores.next()
         verdict, phase = _mid.prepared_step(ctl, data_src, data_dst, first, number,
                                             board_side | parity << 1 | side << 2 | kind << 3)
         if verdict == _mid.DONE:
             if started:
-                stores.took(kind, time.perf_counter() - started)
+                self.stores.took(kind, time.perf_counter() - started)
             node.begin(self.nbytes)
             return None
         headers = group.headers[side]

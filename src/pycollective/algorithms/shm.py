@@ -41,6 +41,13 @@ enough for the whole vector; slot q is a plain numpy view on every rank.
    only reach the copy-in of call k+2 (same region as call k) after every
    rank has entered call k+1's first sync, i.e. finished call k.
 
+Above 1 MiB steps 1 and 3 write the slot with plain or non-temporal stores
+(past this core's cache, for the other cores to read from memory; in step
+3 the block is then reduced into ``dst`` and copied from there into the
+slot), the kind chosen per size: by timing the calls where each rank has a
+core, by size where ranks outnumber cores (``_ShmState.stores_for``).  The
+sync after each orders the stores before its counter.
+
 From 4 KiB to 1 MiB, once the slots are big enough, steps 1-5 are one compiled call
 (:mod:`._mid`; in Python they are a dozen calls, most of the time at tens
 of KB): same targets, headers and left fold, so a call may mix it with the
@@ -91,6 +98,7 @@ node a transfer *is* a memory copy), and the reduction of f·M·s bytes at γ:
 """
 
 import math
+import time
 
 from .. import _cma, _env, _shared, _watch
 from .._context import Key
@@ -107,6 +115,7 @@ from .._shmem import (
     whole_node,
 )
 # Through the module, not its names: tests stand its gates aside by patching them.
+from . import _mid
 from . import _shm_steps as _steps
 from ._node import cross_reduce, reduce_range
 from ._shm_steps import REPLICATE_BYTES
@@ -118,16 +127,25 @@ from ._shm_steps import REPLICATE_BYTES
 # (benchmarks/shm/single_copy.py; docs/results/2026-12-02-fastway.md).  The other
 # node collectives keep _node.CMA_BYTES: for them the two were about level.
 SINGLE_COPY_BYTES = 8 << 20
+_SIZES_KEPT = 64  # sizes whose choice of stores a communicator keeps
+# From this size, where ranks outnumber cores, the slot path writes its slot
+# with non-temporal stores (``_ShmState.stores_for``): at N = 4 and 8, from
+# 3.8 MiB, they took 0.80-0.99 of plain ones' time in every launch; at
+# 1.1-1.9 MiB from 0.47 to 1.30, by launch.
+STREAM_BYTES = 3 << 20
 _STATE = Key("shm")
 
 
-def shm_allreduce_on(node, src, dst, kernel, shared=None):
+def shm_allreduce_on(node, src, dst, kernel, shared=None, stores=None):
     """The algorithm above on the :class:`SharedSlots` ``node`` (all ranks of the collective).
 
     The first sync of the call (inside ``begin`` when the slots grow, else
     the one after the copy-in) compares every rank's header, so no rank
     reads the others' slots unless all agree on count, dtype, op and call.
     ``shared``: the context's :class:`~pycollective._shared.Registry`, if any.
+    ``stores``: a :class:`._shm_steps.Stores` for this size, which says
+    whether a call above ``DOUBLE_LIMIT`` writes the slot with plain or
+    non-temporal stores (see ``_stores``); plain stores if None.
     """
     nbytes = dst.nbytes
     offset, trailing = node.begin(nbytes)
@@ -142,13 +160,17 @@ def shm_allreduce_on(node, src, dst, kernel, shared=None):
     if shared is not None and trailing:
         _shared_on(node, shared, src, dst, kernel, slots, bounds)
         return
-    copy_in(src, slots[rank], rank, bounds)
-    node.sync()
-    reduce_own_slice(kernel, src, slots, rank, bounds, dst)
+    kind, started = stores.next() if stores is not None and trailing else (0, 0.0)
+    copy = _mid.stream_copy if kind else None
+    copy_in(src, slots[rank], rank, bounds, copy)
+    node.sync()  # its fence orders the non-temporal stores before the counter
+    reduce_own_slice(kernel, src, slots, rank, bounds, dst, copy)
     node.sync()
     copy_out(dst, slots, rank, bounds)
     if trailing:
         node.sync()
+    if started:
+        stores.took(kind, time.perf_counter() - started)
 
 
 def _shared_on(node, shared, src, dst, kernel, slots, bounds):
@@ -214,6 +236,7 @@ class _ShmState:
     def __init__(self, ctx):
         group = whole_node(ctx)
         self.node = self.cross = None
+        self.stores = {}
         if group is None:
             # Every rank sees its node smaller than the communicator, so every
             # rank takes this branch: the reason is the same everywhere.
@@ -231,6 +254,30 @@ class _ShmState:
                 self.cross = cross
             else:
                 cross.free()
+
+    def stores_for(self, nbytes):
+        """The slot path's :class:`._shm_steps.Stores` for calls of ``nbytes`` above
+        ``DOUBLE_LIMIT`` (None below: those run :mod:`._mid` or need no choice).
+
+        There the slots no longer fit a core's 2 MiB L2 beside the input and
+        output, and whoever reads a slot runs on another core.  With a core
+        per rank each rank chooses while it runs, as the repeated calls below
+        1 MiB do.  Where ranks outnumber cores a call's time is too noisy to
+        choose from, and the kind is fixed by size: non-temporal stores from
+        ``STREAM_BYTES`` (benchmarks/shm/stores.py --between, in
+        docs/results/2026-12-02-streamed.md).  Every call above 1 MiB is
+        timed: a clock read beside 100 µs or more.
+        """
+        if nbytes <= DOUBLE_LIMIT:
+            return None
+        stores = self.stores.get(nbytes)
+        if stores is None:
+            if len(self.stores) >= _SIZES_KEPT:  # a sweep over sizes: start afresh
+                self.stores.clear()
+            sleeps = self.node.group.barrier.sleep
+            stores = self.stores[nbytes] = _steps.Stores(
+                chooses=not sleeps, fixed=int(nbytes >= STREAM_BYTES), every=1)
+        return stores
 
     def free(self):
         if self.node is not None:
@@ -266,7 +313,8 @@ def shm_allreduce(ctx, src, dst, kernel):
     elif _steps.mid_compiled(state.node, call, dst):
         _steps.mid_data(state.node, call, src, dst)
     else:
-        shm_allreduce_on(state.node, src, dst, kernel, _shared.registry_of(state.node.group, ctx))
+        shm_allreduce_on(state.node, src, dst, kernel, _shared.registry_of(state.node.group, ctx),
+                         state.stores_for(dst.nbytes))
 
 
 def shm_agreed(ctx, src, dst, kernel, values, board):
