@@ -130,8 +130,8 @@ SINGLE_COPY_BYTES = 8 << 20
 _SIZES_KEPT = 64  # sizes whose choice of stores a communicator keeps
 # From this size, where ranks outnumber cores, the slot path writes its slot
 # with non-temporal stores (``_ShmState.stores_for``): at N = 4 and 8, from
-# 3.8 MiB, they took 0.80-0.99 of plain ones' time in every launch; at
-# 1.1-1.9 MiB from 0.47 to 1.30, by launch.
+# 3.8 MiB, they took 0.62-1.00 of plain ones' time in all six launches; at
+# 1.1-1.9 MiB from 0.47 to 1.51, by launch.
 STREAM_BYTES = 3 << 20
 _STATE = Key("shm")
 
@@ -145,7 +145,7 @@ def shm_allreduce_on(node, src, dst, kernel, shared=None, stores=None):
     ``shared``: the context's :class:`~pycollective._shared.Registry`, if any.
     ``stores``: a :class:`._shm_steps.Stores` for this size, which says
     whether a call above ``DOUBLE_LIMIT`` writes the slot with plain or
-    non-temporal stores (see ``_stores``); plain stores if None.
+    non-temporal stores (see ``_ShmState.stores_for``); plain stores if None.
     """
     nbytes = dst.nbytes
     offset, trailing = node.begin(nbytes)
