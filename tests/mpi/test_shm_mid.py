@@ -108,13 +108,6 @@ def _free(comm):
     comm.Free()
 
 
-# Left out at 8 ranks (four per core in CI), where they took 11 s each: which
-# dtypes, ops and kinds of stores the compiled steps get right does not change
-# with the number of ranks, and the 2-, 3- and 4-rank launches run them on
-# slices that start anywhere; test_exact_matrix runs shm at 8.
-UP_TO_4 = pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 4,
-                             reason="dtypes, ops and stores: run at 2, 3 and 4 ranks")
-
 def _grow(comm):
     """Slots big enough for every mid size (growing is the Python path's)."""
     x = np.zeros(DOUBLE_LIMIT // 8, np.float64)
@@ -122,7 +115,6 @@ def _grow(comm):
 
 
 @pytest.mark.mpi(min_size=2)
-@UP_TO_4
 def test_every_compiled_dtype_and_op_exact(layouts):
     failures, taken, expected_calls = [], 0, 0
     for label, world_comm in layouts:
@@ -445,7 +437,6 @@ def test_a_failure_in_the_fast_way_reaches_every_rank(count, monkeypatch):
 
 
 @pytest.mark.mpi(min_size=2)
-@UP_TO_4
 @pytest.mark.parametrize("kind", [0, 1])
 def test_slot_path_above_1mib_right_with_either_kind_of_stores(monkeypatch, kind):
     """Above 1 MiB (below the single copy) the slot path writes the slot with the kind of
