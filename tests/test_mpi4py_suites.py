@@ -88,7 +88,7 @@ def run_suites(nranks, testdir, per_algorithm):
 # of ranks, tests/mpi runs every algorithm through the drop-in at 2, 3 and 4
 # ranks, and 3 is the size where the algorithms take their non-power-of-two
 # paths.  In CI the launch at 4 (the "auto" pass, then every algorithm) took
-# 55-64 s and the one at 2 31-36 s of a suite that must stay under 15 minutes;
+# 54-64 s and the one at 2 31-36 s of a suite that must stay under 15 minutes;
 # the pass per algorithm adds 7 s at 3.
 @pytest.mark.parametrize("nranks", [1, 3])
 def test_mpi4py_collective_tests_pass_through_the_dropin(nranks, mpi4py_tests):
