@@ -346,7 +346,7 @@ def measure_floors(args, out):
                 "--json", str(json_path)]
         extra = {"PYTHON": str(env_python(args.venvs, CONTENDERS["pycollective"])),
                  "PYCOLLECTIVE_TIMEOUT": str(args.launch_timeout)}
-        record(out, argv)
+        record(out, argv, extra)
         wait_quiet(args.wait, args.idle)
         rc = launch(argv, extra, args.launch_timeout, out / "launches" / f"membw_N{n}.log")
         print(f"[membw] N={n} exit {rc}", flush=True)
@@ -398,7 +398,7 @@ def profile_gaps(args, out):
     for item in items:
         argv = [str(RUN_MPI), str(item["n"]),
                 *gaps.argv(item, out / "launches" / f"{item['name']}.json")]
-        record(out, argv)
+        record(out, argv, extra)
         wait_quiet(args.wait, args.idle)
         t0 = time.monotonic()
         rc = launch(argv, extra, args.launch_timeout, out / "launches" / f"{item['name']}.log")
