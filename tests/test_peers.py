@@ -189,7 +189,11 @@ def test_the_gaps_get_the_profiles_that_apply_to_them(tmp_path):
     # phases only where the best is shm and takes the sliced path; pieces for small calls
     assert items[("phases", "shm")] == [10 ** 5, 10 ** 7]
     assert items[("pieces", "shm")] == [10 ** 3]
-    assert len(items) == 4
+    # the fastest peer's own starts below 1e6, in its own environment
+    assert items[("starts", "impi")] == [10 ** 5] and items[("starts", "mpich")] == [10 ** 3]
+    assert len(items) == 6
+    envs = {i["name"]: i["env"] for i in gaps.plan(rows, found)}
+    assert envs["gaps_starts_impi_N4"] == "impi" and envs["gaps_cpu_shm_N4"] == "pycollective"
     cpu = next(i for i in gaps.plan(rows, found) if i["kind"] == "cpu" and i["algorithm"] == "shm")
     argv = gaps.argv(cpu, tmp_path / "x.json")
     assert argv[0].endswith("benchmarks/shm/cpu_time.py") and argv[argv.index("--count") + 1:
@@ -219,12 +223,16 @@ def test_the_gaps_section_says_what_the_profiles_measured(tmp_path):
                                             ("sync", 5.0)]] + [
                 dict(count=10 ** 5, path="single-copy", phase="sync", time=99.0, share=None,
                      used=False, wrong=0)]}))
-        # the pieces launch "failed": no file
+        elif item["kind"] == "starts" and item["algorithm"] == "impi":
+            path.write_text(json.dumps(dict(rows=[
+                dict(count=10 ** 5, back_to_back=150e-6, after_barrier=160e-6)])))
+        # the pieces and MPICH's starts launches "failed": no file
     profiles = gaps.collect(items, lambda item: paths[item["name"]])
     rates = compare.floors_of(tmp_path)
+    labels = {"impi": "Intel MPI 2021.19.0", "mpich": "MPICH 5.0.2"}
     text = "\n".join(gaps.section(profiles, rows, found,
                                   lambda n, c: compare.floor_time(rates, n, c),
-                                  compare.fmt_count))
+                                  compare.fmt_count, labels))
     line = {c: next(l for l in text.splitlines() if l.startswith(f"| 4 | {c} |"))
             for c in ("1e7", "1e5", "1e3")}
     # the peer ran at 1.1x the floor: a 1.2x lead needs ours at 0.92x of it
@@ -233,7 +241,15 @@ def test_the_gaps_section_says_what_the_profiles_measured(tmp_path):
         in line["1e7"]
     # the syncs' share counts only the path the call takes: (3 + 5) / 10
     assert "| 80% |" in line["1e5"] and "cores idle 30% of the wall" in line["1e5"]
-    assert "one call after a Barrier took 200 µs, back to back 100 µs" in line["1e5"]
+    # back to back ours (100 µs) beat Intel MPI's (150 µs): the gap is the start
+    assert "| Intel MPI 2021.19.0: 150 µs, 160 µs |" in line["1e5"]
+    assert "back to back ours took 100 µs, Intel MPI 2021.19.0's 150 µs: the gap is in " \
+        "starting after a Barrier" in line["1e5"]
+    # without the peer's starts, ours alone: after a Barrier against back to back
+    text = "\n".join(gaps.section(dict(profiles, starts={}), rows, found,
+                                  lambda n, c: compare.floor_time(rates, n, c),
+                                  compare.fmt_count))
+    assert "one call after a Barrier took 200 µs, back to back 100 µs" in text
     assert "(tree) | - |" in line["1e3"] and line["1e3"].endswith("| - |")  # nothing measured
     assert "| 1e4 |" not in text  # auto's miss alone
     assert "The pieces" not in text

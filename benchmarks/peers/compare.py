@@ -392,10 +392,10 @@ def profile_gaps(args, out):
     summary, libraries = aggregate(read_points(out / "points.csv"))
     rows, _ = lines_of(summary, libraries)
     items = gaps.plan(rows, verdicts(rows, floors_of(out)))
-    extra = {"PYTHON": str(env_python(args.venvs, CONTENDERS["pycollective"])),
-             "PYCOLLECTIVE_TIMEOUT": str(args.launch_timeout)}
     status = 0
     for item in items:
+        extra = {"PYTHON": str(env_python(args.venvs, CONTENDERS[item["env"]])),
+                 "PYCOLLECTIVE_TIMEOUT": str(args.launch_timeout)}
         argv = [str(RUN_MPI), str(item["n"]),
                 *gaps.argv(item, out / "launches" / f"{item['name']}.json")]
         record(out, argv, extra)
@@ -660,7 +660,7 @@ def report(out, args_text=None):
     profiles = (json.loads((out / gaps.PROFILES).read_text())
                 if (out / gaps.PROFILES).exists() else None)
     lines += gaps.section(profiles, rows, verdicts(rows, rates),
-                          lambda n, c: floor_time(rates, n, c), fmt_count)
+                          lambda n, c: floor_time(rates, n, c), fmt_count, label)
     lines += shared_section(rows, rates)
     lines += same_launch_tables(summary, libraries)
     # Honesty: spread over rounds, how quiet the machine was, failures.

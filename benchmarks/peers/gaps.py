@@ -1,12 +1,13 @@
 """The report's missed targets, profiled in the same run: what each gap is made of.
 
 compare.py judges every row against the targets of issue 12.  For the rows
-that miss one, :func:`plan` lists profile launches, compare.py runs them in
-the MPICH environment (where "pycollective best" ran) right after the
-rounds, :func:`collect` keeps what they measured in ``profiles.txt`` (JSON;
-committed with the report, so ``compare.py --report DIR`` remakes the
-section), and :func:`section` writes the report's "What the gaps are made
-of".  Three profiles, one launch per N each:
+that miss one, :func:`plan` lists profile launches, compare.py runs them
+right after the rounds (in the MPICH environment, where "pycollective best"
+ran, except the peers' own), :func:`collect` keeps what they measured in
+``profiles.txt`` (JSON; committed with the report, so ``compare.py --report
+DIR`` remakes the section), and :func:`section` writes the report's "What
+the gaps are made of".  Four profiles, one launch per N and algorithm or
+peer:
 
 * **cpu** (``benchmarks/shm/cpu_time.py``), every gap size: our best
   algorithm there and MPICH's own ``Allreduce`` taking turns, calls back to
@@ -27,6 +28,11 @@ of".  Three profiles, one launch per N each:
   1e3 elements: the pieces of a 1-element call from Python (fast-path
   lookup, the algorithm, its flag barrier) beside MPICH's own call from
   Python, each in a loop of its own.
+* **starts** (``benchmarks/peers/starts.py`` in the fastest peer's
+  environment), gap sizes below 1e6 where that peer is an MPI library: the
+  peer's own calls back to back and one after a Barrier, beside ours from
+  the cpu profile.  Where ours are faster back to back, the gap is in
+  starting after a Barrier, which the report's loop times for everyone.
 
 And without a launch: where a target asks for a lead over the fastest peer,
 that peer's time over the memory floor (a 1.2x lead over a peer at 1.0x the
@@ -41,9 +47,12 @@ PROFILES = "profiles.txt"  # JSON (not *.json: benchmarks/results ignores those)
 REPLICATE_BYTES = 4096     # shm's small path: one sync, no phases (bench breakdown refuses it)
 SMALL = 1000               # gap sizes up to this many elements also get the pieces
 BULK = 10 ** 5             # from here a call's CPU is compared with the floor's
+BIG = 10 ** 6              # below this, the fastest peer's own starts are timed
 CPU_BUDGET = 0.3           # seconds of calls per size and contender in cpu_time.py
 HERE = Path(__file__).resolve().parent
 CPU_TIME = HERE.parent / "shm" / "cpu_time.py"
+STARTS = HERE / "starts.py"
+MPI_PEERS = ("mpich", "openmpi", "impi")  # the peers starts.py can run (Gloo reduces in place)
 
 
 def gap_points(rows, found):
@@ -58,7 +67,8 @@ def gap_points(rows, found):
 
 
 def plan(rows, found):
-    """The profile launches the gaps need: [dict(kind, n, counts, algorithm, name)]."""
+    """The profile launches the gaps need: [dict(kind, n, counts, algorithm, name, env)];
+    ``env``: the environment the launch runs in (compare.py's contender key)."""
     items = []
     points = gap_points(rows, found)
     for n in sorted({r["n"] for r, _ in points}):
@@ -66,16 +76,21 @@ def plan(rows, found):
         for algo in sorted({r["algo"] for r in here}):
             counts = sorted(r["c"] for r in here if r["algo"] == algo)
             items.append(dict(kind="cpu", n=n, counts=counts, algorithm=algo,
-                              name=f"gaps_cpu_{algo}_N{n}"))
+                              name=f"gaps_cpu_{algo}_N{n}", env="pycollective"))
         phases = sorted(r["c"] for r in here if r["algo"] == "shm"
                         and r["c"] * 4 > REPLICATE_BYTES)
         if phases:
             items.append(dict(kind="phases", n=n, counts=phases, algorithm="shm",
-                              name=f"gaps_phases_N{n}"))
+                              name=f"gaps_phases_N{n}", env="pycollective"))
         small = sorted(r["c"] for r in here if r["c"] <= SMALL)
         if small:
             items.append(dict(kind="pieces", n=n, counts=small, algorithm="shm",
-                              name=f"gaps_pieces_N{n}"))
+                              name=f"gaps_pieces_N{n}", env="pycollective"))
+        for peer in MPI_PEERS:
+            counts = sorted(r["c"] for r in here if r["c"] < BIG and r["fastest"] == peer)
+            if counts:
+                items.append(dict(kind="starts", n=n, counts=counts, algorithm=peer,
+                                  name=f"gaps_starts_{peer}_N{n}", env=peer))
     return items
 
 
@@ -85,6 +100,8 @@ def argv(item, json_path):
     if item["kind"] == "cpu":
         return [str(CPU_TIME), "--count", *counts, "--algorithm", item["algorithm"],
                 "--budget", repr(CPU_BUDGET), "--json", str(json_path)]
+    if item["kind"] == "starts":
+        return [str(STARTS), "mpi", "--counts", *counts, "--json", str(json_path)]
     if item["kind"] == "phases":
         return ["-m", "pycollective.bench", "breakdown", "--M", *counts, "--quiet",
                 "--json", str(json_path)]
@@ -95,7 +112,7 @@ def argv(item, json_path):
 def collect(items, json_of):
     """What the launches measured, trimmed to what the section uses:
     {kind: {N: ...}}, from ``json_of(item)`` (the launch's JSON path)."""
-    got = {"cpu": {}, "phases": {}, "pieces": {}}
+    got = {"cpu": {}, "phases": {}, "pieces": {}, "starts": {}}
     for item in items:
         try:
             data = json.loads(Path(json_of(item)).read_text())
@@ -106,6 +123,9 @@ def collect(items, json_of):
             got["cpu"].setdefault(n, {}).update(
                 {f"{row['name']}:{row['count']}": row for row in data["rows"]},
                 copy_rate=data["copy_rate"], cores=data["cores"])
+        elif item["kind"] == "starts":
+            got["starts"].setdefault(n, {}).update(
+                {f"{item['algorithm']}:{row['count']}": row for row in data["rows"]})
         elif item["kind"] == "phases":
             got["phases"][n] = [{k: m[k] for k in ("count", "path", "phase", "time", "share",
                                                    "used", "wrong")}
@@ -129,7 +149,7 @@ def _sync_share(phases, count):
     return sum(p["time"] for p in used if "sync" in p["phase"]) / total
 
 
-def _reading(r, gaps, cpu, native, syncs, peer_floor, pieces):
+def _reading(r, gaps, cpu, native, syncs, peer_floor, pieces, peer_starts, peer_label):
     """What the numbers say, one clause per finding (only what they show)."""
     said = []
     if peer_floor is not None and any("1.2x faster" in g for g in gaps) \
@@ -138,7 +158,12 @@ def _reading(r, gaps, cpu, native, syncs, peer_floor, pieces):
                     f"ours at {peer_floor / 1.2:.2f}x of it")
     if cpu:
         alone, together = cpu["wall"], cpu.get("after_barrier")
-        if together and together > 1.3 * alone:
+        if peer_starts:
+            theirs = peer_starts["back_to_back"]
+            said.append(f"back to back ours took {_us(alone)}, {peer_label}'s {_us(theirs)}"
+                        + (": the gap is in starting after a Barrier" if alone <= theirs
+                           else ""))
+        elif together and together > 1.3 * alone:
             said.append(f"one call after a Barrier took {_us(together)}, back to back "
                         f"{_us(alone)}: starting together costs the difference")
         if cpu["busy"] < 0.9:
@@ -170,8 +195,10 @@ def _sys_share(cpu):
     return cpu["sys"] / max(cpu["user"] + cpu["sys"], 1e-12)
 
 
-def section(profiles, rows, found, floor_time, fmt_count=lambda c: f"{c:g}"):
-    """The report's lines: one table row per gap point, then the pieces of small calls."""
+def section(profiles, rows, found, floor_time, fmt_count=lambda c: f"{c:g}", labels=None):
+    """The report's lines: one table row per gap point, then the pieces of small calls
+    (``labels``: the peers' names by contender key, for the text)."""
+    labels = labels or {}
     points = gap_points(rows, found)
     if not points:
         return []
@@ -187,12 +214,13 @@ def section(profiles, rows, found, floor_time, fmt_count=lambda c: f"{c:g}"):
              "back. *CPU / floor*: that CPU time over the CPU time the memory floor's traffic "
              "needs at one core's copy rate (shown from 1e5 elements; below, calls are "
              "overhead). *sys*: the kernel's share of the CPU time. *syncs*: the waits' share "
-             "of shm's phases (`bench breakdown`). *peer / floor*: the fastest peer's time "
-             "over the floor.", "",
+             "of shm's phases (`bench breakdown`). *fastest peer*: its own calls back to back "
+             "and after a Barrier (`benchmarks/peers/starts.py`, below 1e6). *peer / floor*: "
+             "the fastest peer's time over the floor.", "",
              "| N | M | missed | ours here: back to back, after a Barrier (algorithm) | busy | "
-             "CPU / floor | sys | MPICH's own: busy, CPU / floor | syncs | peer / floor | "
-             "what it says |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "CPU / floor | sys | MPICH's own: busy, CPU / floor | syncs | fastest peer: back "
+             "to back, after a Barrier | peer / floor | what it says |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r, gaps in points:
         n, c = r["n"], r["c"]
         cpu_n = profiles.get("cpu", {}).get(str(n), {})
@@ -202,6 +230,8 @@ def section(profiles, rows, found, floor_time, fmt_count=lambda c: f"{c:g}"):
         floor = floor_time(n, c)
         fastest = r["peers"][r["fastest"]]["time"] if r["fastest"] else None
         peer_floor = fastest / floor if floor and fastest and c >= 10 ** 6 else None
+        starts = profiles.get("starts", {}).get(str(n), {}).get(f"{r['fastest']}:{c}")
+        label = labels.get(r["fastest"], r["fastest"])
         bulk = c >= BULK
         cells = [
             "; ".join(gaps),
@@ -213,9 +243,11 @@ def section(profiles, rows, found, floor_time, fmt_count=lambda c: f"{c:g}"):
             (f"{native['busy']:.0%}" + (f", {native['cpu_floor']:.2f}" if bulk else "")
              if native else "-"),
             f"{syncs:.0%}" if syncs is not None else "-",
+            (f"{label}: {_us(starts['back_to_back'])}, {_us(starts['after_barrier'])}"
+             if starts else "-"),
             f"{peer_floor:.2f}" if peer_floor is not None else "-",
             _reading(r, gaps, cpu, native, syncs, peer_floor,
-                     profiles.get("pieces", {}).get(str(n)))]
+                     profiles.get("pieces", {}).get(str(n)), starts, label)]
         lines.append(f"| {n} | {fmt_count(c)} | " + " | ".join(cells) + " |")
     pieces = profiles.get("pieces", {})
     if pieces:
