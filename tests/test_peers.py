@@ -129,6 +129,18 @@ def test_median_over_rounds_counts_only_right_results(tmp_path):
     assert "| ✗ | 0.25 | 1.20 |" in text  # Gloo never right; ours / fastest peer; auto / best
 
 
+def _judged(tmp_path, nranks, traffic):
+    """The report's rows from points.csv and their verdicts, with one membw launch of
+    ``nranks`` ranks that moved ``traffic`` GB/s each."""
+    launches = tmp_path / "launches"
+    launches.mkdir()
+    (launches / f"membw_N{nranks}.json").write_text(json.dumps({"measurements": [
+        {"name": "together", "nranks": nranks, "traffic": traffic}]}))
+    summary, libraries = compare.aggregate(compare.read_points(tmp_path / "points.csv"))
+    rows, _ = compare.lines_of(summary, libraries)
+    return rows, compare.verdicts(rows, compare.floors_of(tmp_path))
+
+
 def test_targets_are_judged_by_size_class_with_the_memory_floor(tmp_path):
     big, mid, small = 10 ** 7, 10 ** 5, 10 ** 3
     _points(tmp_path, [
@@ -137,15 +149,9 @@ def test_targets_are_judged_by_size_class_with_the_memory_floor(tmp_path):
         (1, "pycollective:shm", 4, mid, 2e-4, True), (1, "openmpi", 4, mid, 1e-4, True),
         (1, "pycollective:shm", 4, small, 30e-6, True), (1, "mpich", 4, small, 40e-6, True),
         (1, "impi", 4, small, 10e-6, True)])              # N = 4 small: only MPICH and Open MPI
-    launches = tmp_path / "launches"
-    launches.mkdir()
     # 3 x 4e7 B at 4 GB/s per rank: a 30 ms floor, so 40 ms is 1.33x (a gap)
-    (launches / "membw_N4.json").write_text(json.dumps({"measurements": [
-        {"name": "together", "nranks": 4, "traffic": 4.0}]}))
-    summary, libraries = compare.aggregate(compare.read_points(tmp_path / "points.csv"))
-    rows, _ = compare.lines_of(summary, libraries)
-    found = {(c, what.split(" (")[0]): v
-             for n, c, what, v in compare.verdicts(rows, compare.floors_of(tmp_path))}
+    rows, verdicts = _judged(tmp_path, 4, 4.0)
+    found = {(c, what.split(" (")[0]): v for n, c, what, v in verdicts}
     assert found[(big, "≥ 1.2x faster than the fastest peer")] == "met: 0.80"
     assert found[(big, "within 1.25x of the memory floor")].startswith("gap: 1.33")
     assert found[(big, "auto within 10 % of our best")].startswith("gap: 1.15")
@@ -154,7 +160,7 @@ def test_targets_are_judged_by_size_class_with_the_memory_floor(tmp_path):
     assert "2 of 5 met." in compare.report(tmp_path).read_text()
     # Two ranks moved 20 GB/s together where four moved 16: the cores can do 20, so the
     # floor of four ranks is 4 x 3 x 4e7 B / 20 GB/s = 24 ms, and 40 ms is 1.67x.
-    (launches / "membw_N2.json").write_text(json.dumps({"measurements": [
+    (tmp_path / "launches" / "membw_N2.json").write_text(json.dumps({"measurements": [
         {"name": "together", "nranks": 2, "traffic": 10.0}]}))
     found = {(c, what.split(" (")[0]): v
              for n, c, what, v in compare.verdicts(rows, compare.floors_of(tmp_path))}
@@ -171,14 +177,8 @@ def _gap_run(tmp_path):
         (1, "pycollective:tree", 4, small, 50e-6, True), (1, "mpich", 4, small, 40e-6, True),
         (1, "pycollective:shm", 4, fine, 10e-6, True), (1, "pycollective:auto", 4, fine, 20e-6, True),
         (1, "impi", 4, fine, 30e-6, True)])
-    launches = tmp_path / "launches"
-    launches.mkdir()
     # 4 x 3 x 4e7 B at 16 GB/s together: a 30 ms floor; Intel MPI's 33 ms is 1.1x of it
-    (launches / "membw_N4.json").write_text(json.dumps({"measurements": [
-        {"name": "together", "nranks": 4, "traffic": 4.0}]}))
-    summary, libraries = compare.aggregate(compare.read_points(tmp_path / "points.csv"))
-    rows, _ = compare.lines_of(summary, libraries)
-    return rows, compare.verdicts(rows, compare.floors_of(tmp_path))
+    return _judged(tmp_path, 4, 4.0)
 
 
 def test_the_gaps_get_the_profiles_that_apply_to_them(tmp_path):
