@@ -451,8 +451,8 @@ def verdicts(rows, rates):
     return out
 
 
-def targets_section(rows, rates):
-    """The report's lines judging every row against the targets."""
+def targets_section(found, rates):
+    """The report's lines judging every row against the targets (``found``: :func:`verdicts`)."""
     lines = ["", "## Targets", ""]
     if rates:
         lines += [f"Memory floor: {FLOOR_TRAFFIC} bytes of traffic per payload "
@@ -469,7 +469,6 @@ def targets_section(rows, rates):
     else:
         lines += ["No memory floor measured (run without `--no-membw`).", ""]
     lines += ["| N | M | target | verdict |", "|---|---|---|---|"]
-    found = verdicts(rows, rates)
     lines += [f"| {n} | {fmt_count(c)} | {what} | {v} |" for n, c, what, v in found]
     met = sum(v.startswith("met") for *_, v in found)
     lines += ["", f"{met} of {len(found)} met."]
@@ -656,10 +655,11 @@ def report(out, args_text=None):
         lines.append(f"| {r['n']} | {fmt_count(r['c'])} | {bw(r['best'])} | {bw(r['auto'])} | "
                      + " | ".join(bw(r["peers"][k]) for k in PEERS) + " |")
     rates = floors_of(out) or {int(n): r for n, r in meta.get("floors", {}).items()}
-    lines += targets_section(rows, rates)
+    found = verdicts(rows, rates)
+    lines += targets_section(found, rates)
     profiles = (json.loads((out / gaps.PROFILES).read_text())
                 if (out / gaps.PROFILES).exists() else None)
-    lines += gaps.section(profiles, rows, verdicts(rows, rates),
+    lines += gaps.section(profiles, rows, found,
                           lambda n, c: floor_time(rates, n, c), fmt_count, label)
     lines += shared_section(rows, rates)
     lines += same_launch_tables(summary, libraries)

@@ -44,7 +44,7 @@ from mpi4py import MPI
 
 import pycollective
 from pycollective._exact import exact_case
-from pycollective._timing import idle_barrier, timed_call
+from pycollective._timing import calls_for_budget, idle_barrier, timed_call
 from pycollective.bench._speed import FLOOR_TRAFFIC
 from pycollective._units import count_arg
 
@@ -72,19 +72,6 @@ def usage():
     return np.array([r.ru_utime, r.ru_stime, r.ru_nvcsw, r.ru_nivcsw], np.float64)
 
 
-def calls_for(comm, fn, calls, budget, rounds):
-    """``calls``, or more where they would take less than ``budget`` seconds a contender
-    (every rank gets the same number: the slowest rank's warm-up time decides)."""
-    if not budget:
-        return calls
-    comm.Barrier()
-    t0 = time.perf_counter()
-    for _ in range(3):
-        fn()
-    each = comm.allreduce((time.perf_counter() - t0) / 3, op=MPI.MAX)
-    return max(calls, min(5000, int(budget / rounds / max(each, 1e-7))))
-
-
 def measure(comm, count, algorithm, calls, budget, rounds):
     """{contender: [wall, user, sys, voluntary, involuntary context switches] per call}."""
     src, expected = exact_case(count, comm.rank, comm.size)
@@ -103,7 +90,10 @@ def measure(comm, count, algorithm, calls, budget, rounds):
     for name, fn in contenders:  # warm-up: slots, compiled steps, MPI's buffers
         for _ in range(3):
             fn()
-        n_calls[name] = calls_for(comm, fn, calls, budget, rounds)
+        # more calls where ``calls`` would fill less than ``budget`` seconds (the same on
+        # every rank: the slowest rank's call decides)
+        n_calls[name] = (max(calls, calls_for_budget(comm, fn, budget / rounds, cap=5000))
+                         if budget else calls)
     for _ in range(rounds):
         for name, fn in contenders:
             # One clock and one rusage around the round's calls, not around each: reading
@@ -147,8 +137,8 @@ def main(argv=None):
     rate = copy_rate(comm)
     rows = []
     for count in args.count:
-        per_call, n_calls, after_barrier = measure(comm, count, args.algorithm, args.calls, args.budget,
-                                    args.rounds)
+        per_call, n_calls, after_barrier = measure(comm, count, args.algorithm, args.calls,
+                                                   args.budget, args.rounds)
         floor_cpu = n * FLOOR_TRAFFIC * 4 * count / rate
         if comm.rank == 0:
             print(f"N = {n} ranks on {cores} cores, M = {count} float32; one core copies "
@@ -157,12 +147,14 @@ def main(argv=None):
                   f"ms on {min(n, cores)} cores); per call:")
         for name, (wall, user, sys_, vcsw, ivcsw) in per_call.items():
             rows.append(dict(count=count, name=name, calls=n_calls[name] * args.rounds,
-                             wall=wall, after_barrier=after_barrier[name], user=user, sys=sys_, vcsw=vcsw, ivcsw=ivcsw,
-                             busy=(user + sys_) / (cores * wall), cpu_floor=(user + sys_) / floor_cpu))
+                             wall=wall, after_barrier=after_barrier[name], user=user, sys=sys_,
+                             vcsw=vcsw, ivcsw=ivcsw, busy=(user + sys_) / (cores * wall),
+                             cpu_floor=(user + sys_) / floor_cpu))
             if comm.rank == 0:
+                row = rows[-1]
                 print(f"  {name:<8} wall {wall * 1e3:8.3f} ms  user {user * 1e3:8.3f} ms  "
-                      f"sys {sys_ * 1e3:8.3f} ms  busy {100 * (user + sys_) / (cores * wall):3.0f} %  "
-                      f"ctx {vcsw:.0f}/{ivcsw:.0f}  cpu/floor {(user + sys_) / floor_cpu:.2f}  "
+                      f"sys {sys_ * 1e3:8.3f} ms  busy {100 * row['busy']:3.0f} %  "
+                      f"ctx {vcsw:.0f}/{ivcsw:.0f}  cpu/floor {row['cpu_floor']:.2f}  "
                       f"({n_calls[name] * args.rounds} calls); one call after a Barrier "
                       f"{after_barrier[name] * 1e3:8.3f} ms")
     if args.json and comm.rank == 0:
