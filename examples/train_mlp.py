@@ -224,7 +224,7 @@ def make_optimizer(comm, params, optimizer, lr, mode, cap_bytes):
 
 
 def train(comm, *, epochs=10, batch_size=64, hidden=(64, 64), lr=0.01, optimizer="adam",
-          mode="bucket", cap_bytes=pycollective.bucketing.DEFAULT_CAP_BYTES,
+          mode="bucket", cap_bytes=pycollective.training.bucketing.DEFAULT_CAP_BYTES,
           dtype="float32", seed=0, reference=True, tolerance=None, out=None):
     """Train on ``comm``; return a summary dict (checks raise RuntimeError on failure).
 
@@ -447,7 +447,7 @@ def _label(comm):
 # --- bucketing and overlap comparison ---------------------------------------------------
 
 def compare(comm, *, steps=50, batch_size=64, hidden=(64, 64), dtype="float32",
-            cap_bytes=pycollective.bucketing.DEFAULT_CAP_BYTES, seed=0, repeats=3):
+            cap_bytes=pycollective.training.bucketing.DEFAULT_CAP_BYTES, seed=0, repeats=3):
     """Time one training step with four ways of reducing the gradients.
 
     "tensor": one allreduce per tensor; "bucket": buckets of ``cap_bytes``

@@ -48,7 +48,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import pycollective
 import pycollective.torch as pctorch
-from pycollective._timing import lower_quartile, rounds
+from pycollective.bench._timing import lower_quartile, rounds
 
 HOOKS = {"none": pctorch.allreduce_hook, "fp16": pctorch.fp16_compress_hook,
          "bf16": pctorch.bf16_compress_hook}

@@ -47,7 +47,7 @@ import mpi4py
 from mpi4py import MPI
 
 import pycollective
-from pycollective._options import COLLECTIVES
+from pycollective.collectives.options import COLLECTIVES
 
 MODULES = ("test_cco_buf", "test_cco_nb_buf", "test_cco_vec", "test_cco_nb_vec")
 GPU_BACKENDS = ("numba", "cupy", "dlpack-cupy")

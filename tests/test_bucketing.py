@@ -10,7 +10,7 @@ import pytest
 from mpi4py import MPI
 
 from pycollective import GradientBuckets
-from pycollective.bucketing import DEFAULT_CAP_BYTES, bucket_layout
+from pycollective.training.bucketing import DEFAULT_CAP_BYTES, bucket_layout
 
 
 class Recorder:

@@ -1,4 +1,4 @@
-"""Reading buffer arguments (pycollective._buffers) as mpi4py reads them, on one process.
+"""Reading buffer arguments (pycollective.data.buffers) as mpi4py reads them, on one process.
 
 DLPack tensors are viewed in place (writes show in the producer's memory),
 with their strides and read-only flag checked; legacy and versioned
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from pycollective import _buffers as B
+from pycollective.data import buffers as B
 
 _spec = importlib.util.spec_from_file_location(
     "_tensors", Path(__file__).parent / "mpi" / "_tensors.py")

@@ -1,4 +1,4 @@
-"""The public collectives (pycollective._collectives) on one rank: COMM_SELF and a one-rank world."""
+"""The public collectives (pycollective.collectives.api) on one rank: COMM_SELF and a one-rank world."""
 
 import numpy as np
 import pytest

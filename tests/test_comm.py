@@ -15,8 +15,8 @@ import pytest
 from mpi4py import MPI
 
 import pycollective
-from pycollective import _buffers
-from pycollective import comm as comm_module
+from pycollective.data import buffers as _buffers
+from pycollective.comm import dropin as comm_module
 
 
 def _decide(sendbuf, recvbuf, op):

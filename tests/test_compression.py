@@ -6,7 +6,7 @@ from mpi4py import MPI
 
 import pycollective
 from pycollective import compression
-from pycollective._kernels import BFLOAT16
+from pycollective.data.kernels import BFLOAT16
 
 SELF = MPI.COMM_SELF
 

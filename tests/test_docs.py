@@ -5,7 +5,7 @@
 README.md is the front door (under 250 lines); everything else lives in
 docs/.  These tests keep what the docs show tied to the code: the Quick start
 command is the one CI runs, the settings table is generated from
-``pycollective._env.SETTINGS``, every ``pycollective.model`` command parses,
+``pycollective.runtime.env.SETTINGS``, every ``pycollective.model`` command parses,
 and the example algorithm of docs/algorithms.md registers and runs.
 """
 
@@ -31,8 +31,8 @@ EXAMPLE_MARK = re.compile(r"<!-- example-algorithm: (\w+) -->\s*```python\n(.*?)
 
 
 def settings_table():
-    """The Markdown table of every environment setting, from ``pycollective._env.SETTINGS``."""
-    from pycollective._env import SETTINGS
+    """The Markdown table of every environment setting, from ``pycollective.runtime.env.SETTINGS``."""
+    from pycollective.runtime.env import SETTINGS
     rows = ["| variable | default | what it does |", "|---|---|---|"]
     rows += [f"| `{s.name}` | `{s.default!r}` | {s.doc} |" for s in SETTINGS.values()]
     return "\n".join(rows)
@@ -132,7 +132,7 @@ def _model_commands():
 
 
 def test_model_commands_parse():
-    from pycollective.model.__main__ import build_parser
+    from pycollective.bench._model_cli import build_parser
     found = 0
     for page, line, args in _model_commands():
         tokens = shlex.split(args)
@@ -168,8 +168,8 @@ import sys
 import numpy as np
 from mpi4py import MPI
 import pycollective
-from pycollective._exact import compare, fill_exact
-from pycollective._ops import MPI_OPS
+from pycollective.bench._exact import compare, fill_exact
+from pycollective.data.ops import MPI_OPS
 sys.path.insert(0, sys.argv[1])
 from test_docs import _load
 _load(sys.argv[2], "pycollective.algorithms._docs_example")
@@ -197,7 +197,7 @@ if world.rank == 0:
 
 def test_example_algorithm_registers_once(tmp_path):
     import pycollective
-    from pycollective import _registry
+    from pycollective.runtime import registry as _registry
     name, code = _example()
     path = tmp_path / f"{name}.py"
     path.write_text(code)

@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from pycollective._kernels import BFLOAT16, SUPPORTED_DTYPES, get_kernel, is_float
-from pycollective._ops import OPS, resolve_op
+from pycollective.data.kernels import BFLOAT16, SUPPORTED_DTYPES, get_kernel, is_float
+from pycollective.data.ops import OPS, resolve_op
 
 NUMPY = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
 
@@ -239,7 +239,7 @@ def test_unsupported_dtypes(dtype):
 @pytest.mark.parametrize("src", [np.float32, np.float64], ids=str)
 def test_conversions_round_once(dtype, src):
     """to_two_bytes matches a single correct rounding; from_two_bytes widens exactly."""
-    from pycollective._kernels import from_two_bytes, to_two_bytes
+    from pycollective.data.kernels import from_two_bytes, to_two_bytes
     rng = np.random.default_rng(8)
     x = (rng.standard_normal(20000) * np.exp2(rng.uniform(-30, 20, 20000))).astype(src)
     x[:4] = [np.inf, -np.inf, np.nan, -0.0]

@@ -25,7 +25,7 @@ import mpi4py
 import pytest
 
 import pycollective
-from pycollective._options import COLLECTIVES
+from pycollective.collectives.options import COLLECTIVES
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT = int(os.environ.get("PYCOLLECTIVE_SUITE_TIMEOUT", "600"))

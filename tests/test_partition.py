@@ -1,7 +1,7 @@
 import pytest
 
 from pycollective import partition
-from pycollective._partition import chunk_bounds
+from pycollective.data.partition import chunk_bounds
 
 
 @pytest.mark.parametrize("nranks", [1, 2, 3, 4, 5, 7, 8, 16])

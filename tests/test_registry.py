@@ -11,8 +11,10 @@ import pytest
 from mpi4py import MPI
 
 import pycollective
-from pycollective import _auto, _registry, bench, model
-from pycollective._context import get_context
+from pycollective.collectives import auto as _auto
+from pycollective.runtime import registry as _registry
+from pycollective import bench, model
+from pycollective.runtime.context import get_context
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGINS = ROOT / "tests" / "plugins"

@@ -1,4 +1,4 @@
-"""pycollective._segment on one process: both ways of sharing, and nothing left behind.
+"""pycollective.node.segment on one process: both ways of sharing, and nothing left behind.
 
 The node's other ranks are stood in for by the two callables ``share`` takes
 (``bcast`` returns rank 0's value, ``all_ok`` the flags' AND); the MPI suites
@@ -11,8 +11,8 @@ import os
 import numpy as np
 import pytest
 
-from pycollective import _segment
-from pycollective._segment import Segment
+from pycollective.node import segment as _segment
+from pycollective.node.segment import Segment
 
 
 def _leftovers():

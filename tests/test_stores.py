@@ -10,8 +10,8 @@ chooses between it and the plain copy from the times of a rank's calls
 import numpy as np
 import pytest
 
-from pycollective.algorithms import _mid, _shm_steps
-from pycollective.algorithms._shm_steps import Stores
+from pycollective.algorithms.shm import mid as _mid, steps as _shm_steps
+from pycollective.algorithms.shm.steps import Stores
 
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.float32, np.float64])

@@ -12,7 +12,7 @@ from mpi4py import MPI
 
 import pycollective
 from pycollective import DistributedOptimizer, broadcast_parameters, check_replicas
-from pycollective.training import ALIGN, broadcast_plan, checksum
+from pycollective.training.optimizer import ALIGN, broadcast_plan, checksum
 
 SELF = MPI.COMM_SELF
 

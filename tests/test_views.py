@@ -1,10 +1,10 @@
-"""Arrays at raw addresses in compiled code (``pycollective._views``)."""
+"""Arrays at raw addresses in compiled code (``pycollective.node.views``)."""
 
 import numba
 import numpy as np
 import pytest
 
-from pycollective._views import address, strided, view
+from pycollective.node.views import address, strided, view
 
 
 @numba.njit

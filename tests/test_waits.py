@@ -1,4 +1,4 @@
-"""The counters every node synchronisation waits on (pycollective._atomics), across processes.
+"""The counters every node synchronisation waits on (pycollective.node.atomics), across processes.
 
 Forked processes share an anonymous mapping, as the ranks of a node share
 their control segment.  A lost wake-up would leave a waiter asleep until
@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from pycollective._atomics import CAN_SLEEP, STRIDE, raise_counter, wait_counters
+from pycollective.node.atomics import CAN_SLEEP, STRIDE, raise_counter, wait_counters
 
 pytestmark = pytest.mark.skipif(not CAN_SLEEP, reason="futex(2) waits are Linux-only")
 

@@ -3,8 +3,8 @@
 import numpy as np
 
 import pycollective  # noqa: F401  (registers the algorithms whose names describe() prints)
-from pycollective import _settings, _watch
-from pycollective._kernels import SUPPORTED_DTYPES
+from pycollective.runtime import settings as _settings, watch as _watch
+from pycollective.data.kernels import SUPPORTED_DTYPES
 
 
 def _settings_of(timeout):

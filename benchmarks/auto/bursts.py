@@ -18,8 +18,8 @@ import numpy as np
 from mpi4py import MPI
 
 import pycollective
-from pycollective._exact import exact_case
-from pycollective._units import count_arg
+from pycollective.bench._exact import exact_case
+from pycollective.bench._units import count_arg
 
 
 def main(argv=None):

@@ -18,9 +18,10 @@ import numpy as np
 from mpi4py import MPI
 
 import pycollective
-from pycollective import _auto, _context
-from pycollective._exact import exact_case
-from pycollective._units import count_arg
+from pycollective.collectives import auto as _auto
+from pycollective.runtime import context as _context
+from pycollective.bench._exact import exact_case
+from pycollective.bench._units import count_arg
 from pycollective.model.tuning import MAX_TRIALS
 
 

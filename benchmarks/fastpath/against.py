@@ -33,8 +33,8 @@ import numpy as np
 from mpi4py import MPI
 
 import pycollective
-from pycollective._exact import exact_case
-from pycollective._units import count_arg
+from pycollective.bench._exact import exact_case
+from pycollective.bench._units import count_arg
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -7,7 +7,7 @@ then batches of ``--calls`` back-to-back calls take turns (``--batches``
 batches each, the order alternating), once with the plan as the fast path
 made it (``shm``'s ``repeated``: the slot views and compiled step prepared
 once) and once with the same plan running the generic path
-(:func:`pycollective._agree.run_checked` on every call, as before the
+(:func:`pycollective.collectives.agree.run_checked` on every call, as before the
 registry had ``repeated``).  Prints the median time per call of the slowest
 rank per batch, and their ratio from the same run.  Results are checked.
 """
@@ -21,9 +21,9 @@ import numpy as np
 from mpi4py import MPI
 
 import pycollective
-from pycollective import _fastpath
-from pycollective._call import DEFAULT
-from pycollective._units import count_arg
+from pycollective.collectives import plans as _fastpath
+from pycollective.collectives.call import DEFAULT
+from pycollective.bench._units import count_arg
 
 
 def main(argv=None):

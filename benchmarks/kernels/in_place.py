@@ -7,7 +7,7 @@ Every reduction calls its kernel in place for all passes after the first
 (``kernel(acc, x, acc)``).  LLVM vectorises an element-wise loop only behind
 a runtime check that the output does not overlap an input, which an
 in-place call fails, so a kernel written as one loop runs its scalar
-fallback there.  ``pycollective._kernels`` writes each native kernel as
+fallback there.  ``pycollective.data.kernels`` writes each native kernel as
 three loops (``out`` is ``a``, ``out`` is ``b``, neither).  This prints, per
 op and dtype, the time per call of each form for the library's kernel and
 for the same operation written as one loop (how the kernels were before),
@@ -21,8 +21,8 @@ import time
 import numba
 import numpy as np
 
-from pycollective._kernels import get_kernel
-from pycollective._units import count_arg
+from pycollective.data.kernels import get_kernel
+from pycollective.bench._units import count_arg
 
 
 @numba.njit(nogil=True)

@@ -281,7 +281,8 @@ class PycollectiveBackend(MpiBackend):
 
     def _decision(self):
         # auto's tuning state (internal): its decision for this size, or None.
-        from pycollective import _auto, _context
+        from pycollective.collectives import auto as _auto
+        from pycollective.runtime import context as _context
         ctx = _context.find_context(self.comm)
         state = None if ctx is None else ctx.peek(_auto.KEY)
         return None if state is None else state.decision(self.x.size, self.x.dtype, "sum")

@@ -43,10 +43,10 @@ import numpy as np
 from mpi4py import MPI
 
 import pycollective
-from pycollective._exact import exact_case
-from pycollective._timing import calls_for_budget, idle_barrier, timed_call
+from pycollective.bench._exact import exact_case
+from pycollective.bench._timing import calls_for_budget, idle_barrier, timed_call
 from pycollective.bench._speed import FLOOR_TRAFFIC
-from pycollective._units import count_arg
+from pycollective.bench._units import count_arg
 
 SINGLE_CALLS = 50  # calls per round and contender also timed one at a time after a Barrier
 

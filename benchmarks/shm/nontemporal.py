@@ -16,7 +16,7 @@ cache, and the reader takes them from there) or with non-temporal stores
 both kinds take turns inside one launch, so both see the same machine
 state; printed per launch: the median time per step of each kind and
 their ratio.  Each result is checked.  Linux and x86-64 or AArch64 only
-(the counters are ``pycollective._atomics``'); no MPI.
+(the counters are ``pycollective.node.atomics``'); no MPI.
 """
 
 import argparse
@@ -32,8 +32,8 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from pycollective._atomics import STRIDE, raise_counter, wait_counters
-from pycollective._units import count_arg
+from pycollective.node.atomics import STRIDE, raise_counter, wait_counters
+from pycollective.bench._units import count_arg
 
 
 @intrinsic

@@ -26,9 +26,9 @@ import numpy as np
 from mpi4py import MPI
 
 import pycollective
-from pycollective._exact import exact_case
-from pycollective._units import count_arg
-from pycollective.algorithms import shm
+from pycollective.bench._exact import exact_case
+from pycollective.bench._units import count_arg
+from pycollective.algorithms.shm import allreduce as shm
 
 from _turns import take_turns
 
@@ -86,7 +86,7 @@ def main(argv=None):
     world = MPI.COMM_WORLD
     n, rank = world.size, world.rank
     slots, single = _communicator(world, "0"), _communicator(world, "1")
-    if shm._state(pycollective._context.get_context(single)).cross is None:
+    if shm._state(pycollective.runtime.context.get_context(single)).cross is None:
         raise SystemExit("cross-memory reads are not allowed here: nothing to compare")
 
     def forced(src, dst):

@@ -36,8 +36,8 @@ def _one_launch(args):
     from mpi4py import MPI
 
     import pycollective
-    from pycollective._exact import exact_reduce, exact_values
-    from pycollective.algorithms import _shm_steps
+    from pycollective.bench._exact import exact_reduce, exact_values
+    from pycollective.algorithms.shm import steps as _shm_steps
 
     comm = MPI.COMM_WORLD
     n, r = comm.Get_size(), comm.Get_rank()
@@ -89,7 +89,7 @@ def _one_launch(args):
 
 
 def main(argv=None):
-    from pycollective._units import count_arg
+    from pycollective.bench._units import count_arg
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--counts", type=count_arg, nargs="+", default=[2000, 10_000, 100_000])

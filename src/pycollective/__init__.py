@@ -13,15 +13,17 @@ package's layers, each importing only those below it, are described in
 import logging
 from importlib import metadata as _metadata
 
-from ._collectives import allgather, allgatherv, allreduce, bcast, broadcast, reduce, reduce_scatter
-from ._options import algorithms, set_check, set_timeout, unusable_algorithms, usable_algorithms
-from ._allocate import release, shared_empty
+from .collectives.api import (allgather, allgatherv, allreduce, bcast, broadcast, reduce,
+                              reduce_scatter)
+from .collectives.options import (algorithms, set_check, set_timeout, unusable_algorithms,
+                                  usable_algorithms)
+from .collectives.allocate import release, shared_empty
 from ._errors import (CollectiveError, CollectiveMismatch, CollectiveTimeout, CommunicatorBroken,
                       ConfigurationError, PeerFailed, ReplicaMismatch, StallWarning)
-from ._partition import partition
-from .bucketing import GradientBuckets
-from .comm import Comm, Request
-from .training import DistributedOptimizer, broadcast_parameters, check_replicas
+from .data.partition import partition
+from .training.bucketing import GradientBuckets
+from .comm.dropin import Comm, Request
+from .training.optimizer import DistributedOptimizer, broadcast_parameters, check_replicas
 
 __all__ = ["allreduce", "reduce_scatter", "allgather", "allgatherv", "reduce", "bcast",
            "broadcast", "algorithms", "usable_algorithms", "unusable_algorithms", "partition",

@@ -39,8 +39,8 @@ additions any algorithm here makes; a tree makes only log2 N).
 import numpy as np
 from mpi4py import MPI
 
-from ._kernels import BFLOAT16, float_info, from_two_bytes, is_float, to_two_bytes
-from ._ops import resolve_op
+from .data.kernels import BFLOAT16, float_info, from_two_bytes, is_float, to_two_bytes
+from .data.ops import resolve_op
 
 __all__ = ["Cast", "FP16", "BF16", "resolve", "allreduce", "applies", "compress_for", "CHOICES"]
 

@@ -65,8 +65,8 @@ import threading
 from mpi4py import MPI
 
 from . import compression as _compression
-from ._root import bcast_from_root
-from .comm import Comm, Request
+from .runtime.root import bcast_from_root
+from .comm.dropin import Comm, Request
 
 __all__ = ["HookState", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook",
            "init_process_group"]

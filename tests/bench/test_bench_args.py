@@ -6,11 +6,13 @@ import random
 import numpy as np
 import pytest
 
-from pycollective import _exact, _registry, bench
-from pycollective._exact import compare, exact_values
-from pycollective._kernels import SUPPORTED_DTYPES
-from pycollective._table import fmt_num, format_table
-from pycollective._units import parse_count, parse_size
+from pycollective.bench import _exact
+from pycollective.runtime import registry as _registry
+from pycollective import bench
+from pycollective.bench._exact import compare, exact_values
+from pycollective.data.kernels import SUPPORTED_DTYPES
+from pycollective.bench._table import fmt_num, format_table
+from pycollective.bench._units import parse_count, parse_size
 from pycollective.bench import _cli, _harness, _report
 
 OPS = ["sum", "prod", "max", "min"]

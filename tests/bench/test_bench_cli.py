@@ -18,7 +18,8 @@ import pytest
 from mpi4py import MPI
 
 import pycollective
-from pycollective import _env, bench
+from pycollective.runtime import env as _env
+from pycollective import bench
 from pycollective.bench import _allreduce, _cli, _report, _schema
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 import pycollective
-from pycollective import _registry, model
+from pycollective.runtime import registry as _registry
+from pycollective import model
 from pycollective.model import choose, predict
 from _cases import LECTURE_BYTES
 

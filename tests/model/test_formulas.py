@@ -5,7 +5,7 @@ import math
 import pytest
 
 import pycollective
-from pycollective import _registry
+from pycollective.runtime import registry as _registry
 from pycollective.model import choose, lecture_predict, predict
 
 ALGOS = pycollective.algorithms()

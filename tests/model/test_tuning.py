@@ -161,7 +161,7 @@ def test_short_calls_come_in_bursts_and_only_their_second_half_counts():
 
 
 def test_a_round_of_bursts_fits_in_one_agreement_row():
-    from pycollective import _shmem
+    from pycollective.node import group as _shmem
     assert tuning.MAX_CANDIDATES * tuning.BURST <= _shmem._BOARD_WIDTH - 1
 
 
@@ -225,7 +225,7 @@ def test_auto_times_hierarchical_whatever_the_model_says_only_across_nodes(nodes
     import numpy as np
 
     import pycollective.algorithms  # noqa: F401  (registers them)
-    from pycollective import _auto
+    from pycollective.collectives import auto as _auto
     from pycollective.model.params import builtin_params
     from pycollective.model.topology import Layout
 

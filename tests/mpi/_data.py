@@ -1,7 +1,7 @@
 """Test data that catch misplaced chunks, and the reductions they should give.
 
 Every element depends on both the rank and the index (a multiplicative hash
-of both, see :mod:`pycollective._exact`), so a chunk delivered to the wrong
+of both, see :mod:`pycollective.bench._exact`), so a chunk delivered to the wrong
 place or taken from the wrong rank changes the result.  "Exact" data are
 integers small enough that every partial reduction is exact in the dtype
 (integer overflow wraps, identically in any order), so the right answer is
@@ -18,8 +18,8 @@ from mpi4py import MPI
 
 import pycollective
 
-from pycollective import _exact
-from pycollective._ops import MPI_OPS  # noqa: F401  (re-exported for the tests)
+from pycollective.bench import _exact
+from pycollective.data.ops import MPI_OPS  # noqa: F401  (re-exported for the tests)
 
 MAX_RANKS = 8  # data ranges are chosen so reductions over this many ranks stay exact
 
@@ -27,7 +27,7 @@ MAX_RANKS = 8  # data ranges are chosen so reductions over this many ranks stay 
 def exact_values(rank, count, dtype, op):
     """Integer-valued data for ``rank`` whose reduction is exact in ``dtype`` (N <= MAX_RANKS).
 
-    The library's own generator (:mod:`pycollective._exact`, also the
+    The library's own generator (:mod:`pycollective.bench._exact`, also the
     benchmark's), sized for :data:`MAX_RANKS` ranks so that the same data
     serve every communicator of a launch.
     """

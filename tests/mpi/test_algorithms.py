@@ -12,9 +12,10 @@ import pytest
 from mpi4py import MPI
 
 import pycollective
-from pycollective import _env as _env_settings
-from pycollective._context import get_context
-from pycollective.algorithms import hierarchical, ring_pipelined, shm
+from pycollective.runtime import env as _env_settings
+from pycollective.runtime.context import get_context
+from pycollective.algorithms import hierarchical, ring_pipelined
+from pycollective.algorithms.shm import allreduce as shm
 from _data import check_allreduce as _check, env as _env
 
 OPS = ["sum", "prod", "max", "min"]

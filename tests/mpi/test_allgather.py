@@ -13,7 +13,7 @@ import pytest
 from mpi4py import MPI
 
 import pycollective
-from pycollective import _settings
+from pycollective.runtime import settings as _settings
 from _data import bitwise_equal, counts_for, exact_values, replicas_identical
 
 ALGORITHMS = pycollective.algorithms("allgather")

@@ -1,4 +1,4 @@
-"""algorithm="auto" (pycollective._auto) on several ranks: the same choice everywhere.
+"""algorithm="auto" (pycollective.collectives.auto) on several ranks: the same choice everywhere.
 
 Every rank issues the same collectives in the same order; checks that can
 fail on one rank only are made after the last collective of a test.
@@ -15,9 +15,11 @@ import pytest
 from mpi4py import MPI
 
 import pycollective
-from pycollective import _auto, _fastpath, _registry, model
-from pycollective._collectives import DEFAULT
-from pycollective._context import get_context
+from pycollective.collectives import auto as _auto, plans as _fastpath
+from pycollective.runtime import registry as _registry
+from pycollective import model
+from pycollective.collectives.api import DEFAULT
+from pycollective.runtime.context import get_context
 from pycollective.model import tuning
 from pycollective.model.tuning import MAX_TRIALS
 from _data import exact_reduce, exact_values, shared_tmp as _shared_tmp

@@ -12,7 +12,7 @@ import pytest
 from mpi4py import MPI
 
 import pycollective
-from pycollective import _settings
+from pycollective.runtime import settings as _settings
 from _data import (MPI_OPS, bitwise_equal, counts_for, exact_reduce, exact_values,
                    replicas_identical)
 from test_allgather import block

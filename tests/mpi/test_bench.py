@@ -49,8 +49,8 @@ def test_every_algorithm_right_at_small_sizes():
 def test_shared_buffers_are_checked_and_handed_back():
     """--shared: the buffers are shared allocations (shm reads them in place above 1 MiB),
     every case is checked as usual, and the memory is released after each size."""
-    from pycollective import _shared
-    from pycollective._context import get_context
+    from pycollective.node import arrays as _shared
+    from pycollective.runtime.context import get_context
     made = []
     original = _allreduce._memory.shared_empty
 

@@ -15,8 +15,10 @@ import pytest
 from mpi4py import MPI
 
 import pycollective
-from pycollective import _auto, _registry, bench
-from pycollective._context import get_context
+from pycollective.collectives import auto as _auto
+from pycollective.runtime import registry as _registry
+from pycollective import bench
+from pycollective.runtime.context import get_context
 from pycollective.algorithms import ring_pipelined
 from pycollective.model import choose, load_params
 
@@ -89,7 +91,7 @@ def test_latency():
         assert r["wrong"] == 0 and r["identical"] and r["inner"] == 3 and r["time"] > 0
     assert bench.failures(rows) == []
     assert _agreed(comm, rows)
-    assert pycollective._options.check_enabled()  # the agreement step is on again
+    assert pycollective.collectives.options.check_enabled()  # the agreement step is on again
 
 
 @pytest.mark.mpi(min_size=2)

@@ -1,4 +1,4 @@
-"""Calibration (pycollective.model.calibration) and the model's MPI commands, on several ranks.
+"""Calibration (pycollective.bench._calibration) and the model's MPI commands, on several ranks.
 
 Every rank issues the same collectives in the same order; checks that can
 fail on one rank only are made after the last collective of a test.

@@ -16,8 +16,8 @@ import pytest
 from mpi4py import MPI
 
 import pycollective
-from pycollective import _buffers
-from pycollective import _plans  # the drop-in's calls of the public functions
+from pycollective.data import buffers as _buffers
+from pycollective.comm import arguments as _plans  # the drop-in's calls of the public functions
 from _data import MPI_OPS, bitwise_equal, exact_values
 from _tensors import DLPackOnly, FakeDevice
 

@@ -15,7 +15,7 @@ from mpi4py import MPI
 
 import pycollective
 from pycollective import compression
-from pycollective._kernels import BFLOAT16
+from pycollective.data.kernels import BFLOAT16
 from _data import bitwise_equal, check_allreduce, exact_reduce, exact_values, replicas_identical
 
 

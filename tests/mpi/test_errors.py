@@ -9,8 +9,8 @@ import pytest
 from mpi4py import MPI
 
 import pycollective
-from pycollective import _watch
-from pycollective._context import get_context
+from pycollective.runtime import watch as _watch
+from pycollective.runtime.context import get_context
 from _data import exact_reduce, exact_values
 
 WORLD = MPI.COMM_WORLD

@@ -1,13 +1,14 @@
-"""The repeated-call fast path (pycollective._fastpath) keeps every check of the full path."""
+"""The repeated-call fast path (pycollective.collectives.plans) keeps every check of the full path."""
 
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 import pycollective
-from pycollective import _context, _fastpath
-from pycollective.algorithms import shm
-from pycollective._collectives import DEFAULT
+from pycollective.runtime import context as _context
+from pycollective.collectives import plans as _fastpath
+from pycollective.algorithms.shm import allreduce as shm
+from pycollective.collectives.api import DEFAULT
 from pycollective.model.tuning import MAX_TRIALS
 from _data import exact_reduce, exact_values
 

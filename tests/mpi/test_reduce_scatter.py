@@ -13,8 +13,8 @@ import pytest
 from mpi4py import MPI
 
 import pycollective
-from pycollective import _settings
-from pycollective._partition import chunk_bounds
+from pycollective.runtime import settings as _settings
+from pycollective.data.partition import chunk_bounds
 from _data import MPI_OPS, bitwise_equal, counts_for, exact_reduce, exact_values
 
 # Every op with float32, and each other dtype with two ops: every algorithm

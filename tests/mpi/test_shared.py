@@ -5,9 +5,9 @@ import pytest
 from mpi4py import MPI
 
 import pycollective
-from pycollective import _shared
-from pycollective._context import get_context
-from pycollective.algorithms import shm
+from pycollective.node import arrays as _shared
+from pycollective.runtime.context import get_context
+from pycollective.algorithms.shm import allreduce as shm
 
 from _data import exact_reduce, exact_values, replicas_identical
 

@@ -25,15 +25,16 @@ import pytest
 from mpi4py import MPI
 
 import pycollective
-from pycollective import _env as _env_settings
-from pycollective import _fastpath, _watch
-from pycollective._collectives import DEFAULT
-from pycollective._atomics import set_budget
-from pycollective._context import get_context
+from pycollective.runtime import env as _env_settings
+from pycollective.collectives import plans as _fastpath
+from pycollective.runtime import watch as _watch
+from pycollective.collectives.api import DEFAULT
+from pycollective.node.atomics import set_budget
+from pycollective.runtime.context import get_context
 from pycollective._errors import (CollectiveError, CollectiveMismatch, CollectiveTimeout,
                                   CommunicatorBroken, PeerFailed)
-from pycollective._shmem import DOUBLE_LIMIT
-from pycollective.algorithms import _mid, _shm_steps, shm
+from pycollective.node.group import DOUBLE_LIMIT
+from pycollective.algorithms.shm import mid as _mid, steps as _shm_steps, allreduce as shm
 from _data import (MPI_OPS, bitwise_equal, check_allreduce, env, exact_reduce, exact_values,
                    random_values, rounding_bound)
 

@@ -1,4 +1,4 @@
-"""Shared-memory primitives (pycollective._shmem) on several ranks."""
+"""Shared-memory primitives (pycollective.node.group) on several ranks."""
 
 import os
 import time
@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from pycollective import _cma
-from pycollective._atomics import CAN_SLEEP
-from pycollective._context import get_context
+from pycollective.node import cma as _cma
+from pycollective.node.atomics import CAN_SLEEP
+from pycollective.runtime.context import get_context
 from pycollective._errors import ConfigurationError
-from pycollective._shmem import NodeGroup, wait_modes, whole_node
+from pycollective.node.group import NodeGroup, wait_modes, whole_node
 
 WAITS = [False, True] if CAN_SLEEP else [False]
 

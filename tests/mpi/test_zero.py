@@ -24,7 +24,7 @@ from mpi4py import MPI
 from pycollective import zero
 from pycollective.model.ledger import (collectives_per_iteration, memory_per_rank, ring_sent,
                                        traffic_per_rank)
-from pycollective.zero import _ledger
+from pycollective.bench import _zero_ledger as _ledger
 
 pytest.importorskip("sklearn")  # the `examples` extra
 

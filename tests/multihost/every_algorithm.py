@@ -25,8 +25,9 @@ import numpy as np
 from mpi4py import MPI
 
 import pycollective
-from pycollective import _auto, _exact
-from pycollective._context import get_context
+from pycollective.collectives import auto as _auto
+from pycollective.bench import _exact
+from pycollective.runtime.context import get_context
 from pycollective.model.tuning import MAX_TRIALS
 
 CASES = (("float32", "sum"), ("int64", "prod"), ("float64", "max"))

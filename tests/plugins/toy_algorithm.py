@@ -6,8 +6,8 @@ short and correct: each element is reduced once, in one place, so every rank
 gets the same bits.  Cost: 2(N-1)(α + M·s·β) + (N-1)·M·s·γ.
 """
 
-from pycollective._context import Key
-from pycollective._registry import register
+from pycollective.runtime.context import Key
+from pycollective.runtime.registry import register
 from pycollective.algorithms._p2p import msg
 
 TAG_IN, TAG_OUT = 971, 972

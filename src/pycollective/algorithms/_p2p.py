@@ -26,9 +26,9 @@ import threading
 
 from mpi4py import MPI
 
-from .. import _watch
+from ..runtime import watch as _watch
 from .._errors import CollectiveMismatch
-from .._registry import reserve_tags
+from ..runtime.registry import reserve_tags
 
 BYTE = MPI.BYTE
 

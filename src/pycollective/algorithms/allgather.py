@@ -34,7 +34,7 @@ import math
 
 import numpy as np
 
-from ._node import node_state
+from .shm.common import node_state
 from ._p2p import irecv, isend, wait
 from .reduce_scatter import (call_segment_bytes, chunk_bytes, pipeline_overlap,
                              register_ring_family, segments)

@@ -37,10 +37,10 @@ import math
 
 import numpy as np
 
-from .._partition import chunk_bounds
-from .._registry import register
-from .._shmem import DOUBLE_LIMIT
-from ._node import node_state, on_one_node
+from ..data.partition import chunk_bounds
+from ..runtime.registry import register
+from ..node.group import DOUBLE_LIMIT
+from .shm.common import node_state, on_one_node
 from ._p2p import irecv, isend, recv, wait
 from .allgather import ring_allgather
 from .reduce_scatter import call_segment_bytes, segments

@@ -17,8 +17,8 @@ Cost: (log2 p + 2·[N != p])·(α + M·s·β) + (log2 p + [N != p])·M·s·γ �
 the fewest rounds of all, each carrying the whole vector.
 """
 
-from .._context import Key
-from .._registry import register
+from ..runtime.context import Key
+from ..runtime.registry import register
 from ._p2p import fold_in, sendrecv, unfold_out
 
 TAG_XCHG = 122

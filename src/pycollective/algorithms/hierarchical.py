@@ -48,12 +48,12 @@ import math
 import numpy as np
 from mpi4py import MPI
 
-from .. import _env, _watch
-from .._context import Context, Key
+from ..runtime import env as _env, watch as _watch
+from ..runtime.context import Context, Key
 from .._errors import ConfigurationError
-from .._partition import chunk_bounds
-from .._registry import get, register
-from .._shmem import NodeGroup, SharedSlots, copy_in, reduce_own_slice
+from ..data.partition import chunk_bounds
+from ..runtime.registry import get, register
+from ..node.group import NodeGroup, SharedSlots, copy_in, reduce_own_slice
 
 ENV = _env.RANKS_PER_NODE.name
 _STATE = Key("hierarchical")

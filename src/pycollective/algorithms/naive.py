@@ -15,8 +15,8 @@ busy at once.
 
 import numpy as np
 
-from .._context import Key
-from .._registry import register
+from ..runtime.context import Key
+from ..runtime.registry import register
 from ._p2p import irecv, isend, recv, wait
 
 TAG = 141

@@ -13,8 +13,8 @@ time grows linearly with N.  Cost: 2(N-1)·(α + M·s·β) + (N-1)·M·s·γ, al
 serialised at the server.
 """
 
-from .._context import Key
-from .._registry import register
+from ..runtime.context import Key
+from ..runtime.registry import register
 from ._p2p import irecv, isend, recv, send, wait
 
 TAG_PUSH = 131

@@ -34,9 +34,9 @@ the ring's bandwidth term with only 2·log2(p) start-ups, which is why MPI
 libraries use it for mid-sized and large messages.
 """
 
-from .._context import Key
-from .._partition import chunk_bounds
-from .._registry import register
+from ..runtime.context import Key
+from ..data.partition import chunk_bounds
+from ..runtime.registry import register
 from ._p2p import fold_in, sendrecv, unfold_out
 
 TAG_HALVE = 152

@@ -31,11 +31,11 @@ Cost, f = (N-1)/N, m = M·s: (2 + [m > 1 MiB])·⌈log2 N⌉·α + 2·f·m·β +
 
 import math
 
-from .._context import Key
-from .._partition import chunk_bounds
-from .._registry import register
-from .._shmem import DOUBLE_LIMIT, copy_in
-from ._node import node_state, on_one_node, reduce_range
+from ..runtime.context import Key
+from ..data.partition import chunk_bounds
+from ..runtime.registry import register
+from ..node.group import DOUBLE_LIMIT, copy_in
+from .shm.common import node_state, on_one_node, reduce_range
 from ._p2p import irecv, recv, send, wait
 from .reduce_scatter import ring_reduce_scatter
 

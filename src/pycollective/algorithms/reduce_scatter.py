@@ -40,11 +40,11 @@ Cost, f = (N-1)/N, m = M·s: (1 + [m > 1 MiB])·⌈log2 N⌉·α + f·m·β + f�
 
 import math
 
-from .. import _settings, _watch
-from .._context import Key
-from .._registry import register
-from .._shmem import copy_in
-from ._node import node_state, on_one_node, reduce_range
+from ..runtime import settings as _settings, watch as _watch
+from ..runtime.context import Key
+from ..runtime.registry import register
+from ..node.group import copy_in
+from .shm.common import node_state, on_one_node, reduce_range
 from ._p2p import irecv, isend, wait
 
 __all__ = ["segments", "ring_reduce_scatter", "call_segment_bytes", "ring_cost",

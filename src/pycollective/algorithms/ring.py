@@ -22,9 +22,9 @@ bitwise-identical results.  Cost with c = ceil(M/N) elements of s bytes:
 whatever N, which is why the ring wins for large messages.
 """
 
-from .._context import Key
-from .._partition import chunk_bounds
-from .._registry import register
+from ..runtime.context import Key
+from ..data.partition import chunk_bounds
+from ..runtime.registry import register
 from ._p2p import sendrecv
 
 TAG_RS = 101

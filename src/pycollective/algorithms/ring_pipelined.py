@@ -40,10 +40,10 @@ minus the overlap (N-2)·(g-1)/g·c·β that streaming buys over whole-chunk
 steps — a conservative figure; the benchmark has the real ones.
 """
 
-from .. import _settings, _watch
-from .._context import Key
-from .._partition import chunk_bounds
-from .._registry import register
+from ..runtime import settings as _settings, watch as _watch
+from ..runtime.context import Key
+from ..data.partition import chunk_bounds
+from ..runtime.registry import register
 from ._p2p import irecv, isend, wait
 
 TAG_RS = 161

@@ -16,8 +16,8 @@ bits.  Cost: 2·ceil(log2 N)·(α + M·s·β) + ceil(log2 N)·M·s·γ: few mess
 but the whole vector on every step, so it suits small messages.
 """
 
-from .._context import Key
-from .._registry import register
+from ..runtime.context import Key
+from ..runtime.registry import register
 from ._p2p import recv, send
 
 TAG_UP = 111

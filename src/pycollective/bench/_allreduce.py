@@ -10,17 +10,17 @@ cross-rank agreement live in :mod:`pycollective.bench._harness`.
 import numpy as np
 from mpi4py import MPI
 
-from .. import _allocate as _memory
-from .. import _auto
-from .. import _collectives as _api
-from .. import _options as _opts
-from .._context import get_context
-from .._exact import compare, fill_exact
-from .._kernels import BFLOAT16
-from .._ops import MPI_OPS
-from .._root import bcast_from_root
-from .._timing import slowest, timed_call
-from .._units import count_arg, size_arg
+from ..collectives import allocate as _memory
+from ..collectives import auto as _auto
+from ..collectives import api as _api
+from ..collectives import options as _opts
+from ..runtime.context import get_context
+from ._exact import compare, fill_exact
+from ..data.kernels import BFLOAT16
+from ..data.ops import MPI_OPS
+from ..runtime.root import bcast_from_root
+from ._timing import slowest, timed_call
+from ._units import count_arg, size_arg
 from ..model.choice import calibrated_times, gamma_of
 from ..model.formulas import predict
 from ..model.params import load_params, params_for

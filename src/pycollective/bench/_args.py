@@ -5,11 +5,11 @@ import math
 
 import numpy as np
 
-from .. import _options as _opts
-from .._exact import exact_values
-from .._kernels import SUPPORTED_DTYPES
-from .._ops import MPI_OPS
-from .._units import count_arg
+from ..collectives import options as _opts
+from ._exact import exact_values
+from ..data.kernels import SUPPORTED_DTYPES
+from ..data.ops import MPI_OPS
+from ._units import count_arg
 
 __all__ = ["factor_arg", "seconds_arg", "positive_int", "add_data_options", "check_exact",
            "expand_algorithms", "add_algorithms_argument"]

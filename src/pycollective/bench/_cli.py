@@ -39,9 +39,9 @@ from typing import Callable, Dict, Optional
 import numpy as np
 from mpi4py import MPI
 
-from .. import _env
-from .._about import environment
-from .._table import format_rows
+from ..runtime import env as _env
+from ._about import environment
+from ._table import format_rows
 from ._harness import failures
 from ._schema import SCHEMA_VERSION
 

@@ -24,12 +24,12 @@ import zlib
 import numpy as np
 from mpi4py import MPI
 
-from .. import _collectives as _api
-from .. import _options as _opts
+from ..collectives import api as _api
+from ..collectives import options as _opts
 from .. import compression
-from .._table import fmt_num, format_table
-from .._timing import rounds
-from .._units import count_arg
+from ._table import fmt_num, format_table
+from ._timing import rounds
+from ._units import count_arg
 from ..model.formulas import terms
 from ._args import positive_int
 from ._cli import command

@@ -48,9 +48,9 @@ from typing import Callable
 import numpy as np
 from mpi4py import MPI
 
-from .._exact import compare
-from .._kernels import is_float
-from .._timing import slowest, timed_call
+from ._exact import compare
+from ..data.kernels import is_float
+from ._timing import slowest, timed_call
 
 __all__ = ["Case", "Collective", "measure", "failures", "algbw", "busbw"]
 

@@ -19,21 +19,21 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from .. import _agree, _fastpath
-from .. import _collectives as _api
-from .. import _options as _opts
-from .._atomics import CAN_SLEEP
-from .._context import get_context
-from .._exact import compare, fill_exact
-from .._kernels import get_kernel
-from .._ops import MPI_OPS
-from .._partition import chunk_bounds
-from .._shmem import copy_in, copy_out, reduce_block, reduce_own_slice
-from .._table import format_table
-from .._timing import calls_for_budget, rounds, slowest, timed_call
-from .._units import count_arg
-from ..algorithms import shm
-from ..algorithms._node import CROSS_BLOCK_BYTES
+from ..collectives import agree as _agree, plans as _fastpath
+from ..collectives import api as _api
+from ..collectives import options as _opts
+from ..node.atomics import CAN_SLEEP
+from ..runtime.context import get_context
+from ._exact import compare, fill_exact
+from ..data.kernels import get_kernel
+from ..data.ops import MPI_OPS
+from ..data.partition import chunk_bounds
+from ..node.group import copy_in, copy_out, reduce_block, reduce_own_slice
+from ._table import format_table
+from ._timing import calls_for_budget, rounds, slowest, timed_call
+from ._units import count_arg
+from ..algorithms.shm import allreduce as shm
+from ..algorithms.shm.common import CROSS_BLOCK_BYTES
 from ._args import add_data_options, check_exact, positive_int
 from ._cli import command
 from ._report import t_us

@@ -4,7 +4,7 @@ Every table's header line is a comment (``#``) and its data lines are
 indented, so the output stays a valid nccl-tests-like log.
 """
 
-from .._table import fmt_num, format_table
+from ._table import fmt_num, format_table
 
 __all__ = ["t_us", "single_table", "sweep_tables", "auto_score", "score_table", "plot"]
 

@@ -15,11 +15,11 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from .. import _collectives as _api
-from .. import _options as _opts
-from .._table import fmt_num, format_table
-from .._timing import idle_barrier
-from .._units import bytes_label, count_arg, size_arg
+from ..collectives import api as _api
+from ..collectives import options as _opts
+from ._table import fmt_num, format_table
+from ._timing import idle_barrier
+from ._units import bytes_label, count_arg, size_arg
 from ..algorithms import ring_pipelined
 from ._allreduce import ALLREDUCE, algorithm_case, compare_with_native, usable
 from ._args import (add_algorithms_argument, add_data_options, check_exact, expand_algorithms,

@@ -44,13 +44,15 @@ __all__ = [
 # Names of the measuring layer and the command line, loaded on first use.
 # The measuring module is not named "calibrate": importing a submodule sets the
 # package attribute of its name, which would then hide the function.
-_LAZY = {"calibrate": "calibration", "measure_algorithms": "calibration",
-         "ALGORITHM_COUNTS": "calibration", "CALIBRATED_DTYPES": "calibration",
-         "main": "__main__"}
+_LAZY = {"calibrate": "pycollective.bench._calibration",
+         "measure_algorithms": "pycollective.bench._calibration",
+         "ALGORITHM_COUNTS": "pycollective.bench._calibration",
+         "CALIBRATED_DTYPES": "pycollective.bench._calibration",
+         "main": "pycollective.bench._model_cli"}
 
 
 def __getattr__(name):
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    return getattr(importlib.import_module(module), name)

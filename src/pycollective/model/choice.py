@@ -14,8 +14,8 @@ algorithms ranked first here before it settles (:mod:`pycollective.model.tuning`
 
 import numpy as np
 
-from .. import _registry
-from .._ops import resolve_op
+from ..runtime import registry as _registry
+from ..data.ops import resolve_op
 from .formulas import check_args
 from .params import ANY_DTYPE, load_params, params_for, value_at
 from .topology import Topology, evaluate

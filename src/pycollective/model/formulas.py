@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from .. import _registry
+from ..runtime import registry as _registry
 
 __all__ = ["predict", "predict_all", "terms", "cost_of", "check_args"]
 

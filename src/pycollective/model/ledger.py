@@ -39,7 +39,7 @@ two halves of :func:`pycollective.algorithms.ring.ring_cost`.
 
 from typing import Dict, List, NamedTuple, Sequence
 
-from .._partition import chunk_bounds
+from ..data.partition import chunk_bounds
 
 __all__ = ["STAGES", "LECTURE_MEMORY", "memory_per_rank", "traffic_per_rank", "ring_sent",
            "collectives_per_iteration", "call_time", "stage_comm_time", "worked_example_4_5",

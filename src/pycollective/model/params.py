@@ -22,7 +22,7 @@ import os
 import stat
 import tempfile
 
-from .. import _env
+from ..runtime import env as _env
 from .topology import one_node
 
 __all__ = ["DEFAULTS", "BUILTIN", "default_path", "load_params", "save_params", "params_for",

@@ -39,12 +39,12 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from .._about import environment
-from .._table import fmt_num, format_table
-from .._timing import lower_quartile
-from .._units import count_arg
+from ..bench._about import environment
+from ..bench._table import fmt_num, format_table
+from ..bench._timing import lower_quartile
+from ..bench._units import count_arg
 from ..model.ledger import LECTURE_MEMORY, LECTURE_TRAFFIC, worked_example_4_5
-from ._ledger import measure, overlap
+from ..bench._zero_ledger import measure, overlap
 from ._precision import PRECISIONS
 
 

@@ -44,11 +44,11 @@ from dataclasses import dataclass, field
 import numpy as np
 from mpi4py import MPI
 
-from .. import _collectives
+from ..collectives import api as _collectives
 from .. import compression as _compression
-from .._kernels import BFLOAT16
-from .._partition import partition
-from ..comm import Comm
+from ..data.kernels import BFLOAT16
+from ..data.partition import partition
+from ..comm.dropin import Comm
 from ..model.ledger import ring_sent
 
 __all__ = ["Comms", "Traffic", "Pending"]

@@ -57,7 +57,7 @@ from typing import List, Sequence
 
 import numpy as np
 
-from .._partition import partition
+from ..data.partition import partition
 from ._comms import Comms
 from ._precision import scaler_for, working_dtype
 

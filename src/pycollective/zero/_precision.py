@@ -18,7 +18,7 @@ step everywhere).
 
 import numpy as np
 
-from .._kernels import BFLOAT16
+from ..data.kernels import BFLOAT16
 
 __all__ = ["PRECISIONS", "working_dtype", "LossScaler", "scaler_for"]
 

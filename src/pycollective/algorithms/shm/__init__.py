@@ -1,0 +1,13 @@
+"""The "shm" algorithms: every rank of one node reduces through shared memory.
+
+``allreduce`` is the registered allreduce "shm" (its three paths by size: the
+replicated small path, the slot path, the single-copy path); ``small`` and
+``mid`` are its compiled steps (numba) and ``steps`` their Python side (the
+prepared calls a repeated call reuses); ``common`` is the node state the "shm"
+reduce-scatter, allgather, bcast and reduce share.
+
+May import: ``data``, ``runtime``, ``node``, ``_errors``.  Importing the
+package registers the allreduce.
+"""
+
+from . import allreduce  # noqa: F401  (registers "shm")

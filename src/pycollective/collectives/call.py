@@ -1,0 +1,258 @@
+"""The path every public collective call takes: settings, agreement, bounded waits, failures.
+
+:mod:`._collectives` checks a call's own arguments (``local()``); what
+follows is the same for every collective and lives here:
+
+* :func:`prepare`: the local checks, then, on several ranks, the call's start
+  on its communicator (its lock, taken with the timeout, and its number) and
+  the agreement step, which raises the same error on every rank if any rank
+  failed its checks or the ranks disagree.  Returns ``(ctx, checked, call)``.
+* :func:`run_algorithm`: the algorithm on the checked arguments; a failure
+  after data started to move breaks the communicator and reaches every rank.
+* :func:`leave`: the end of the call (in a ``finally``).
+* :func:`call_collective`: those three for the collectives other than
+  allreduce, whose checked arguments are a :class:`Checked`, with ``auto``
+  resolved by :mod:`._choose`; :func:`run_remembered`: allreduce's repeated
+  shape (:mod:`._fastpath`).
+"""
+
+from typing import Callable, NamedTuple, Optional
+
+import numpy as np
+from mpi4py import MPI
+
+from . import choose as _choose
+from ..runtime import registry as _registry, settings as _settings, watch as _watch
+from .agree import Facts, agree, needs_agreement, verdict
+from ..runtime.context import Context, comm_settings, get_context
+from .._errors import CollectiveTimeout, ConfigurationError
+
+AUTO = "auto"
+DEFAULT = _settings.UNSET  # "not given": the communicator's or the process's setting
+
+# The registry family serving each collective of a call (_watch.COLLECTIVES names).
+FAMILY = {"reduce_scatter": "reduce_scatter", "reduce_scatterv": "reduce_scatter",
+          "allgather": "allgather", "allgatherv": "allgather", "bcast": "bcast",
+          "reduce": "reduce"}
+
+
+def resolve_comm(comm):
+    if comm is None:
+        return MPI.COMM_WORLD
+    if not isinstance(comm, MPI.Intracomm) or isinstance(comm, MPI.Intercomm):
+        raise TypeError(f"comm must be an mpi4py intracommunicator, got {type(comm).__name__}")
+    if comm == MPI.COMM_NULL:
+        raise ValueError("comm is MPI.COMM_NULL")
+    return comm
+
+
+def settings_facts(settings: _settings.Settings) -> Facts:
+    timeout_ms = -1 if settings.timeout is None else int(settings.timeout * 1000)
+    return (("segment size (set_segment_bytes / PYCOLLECTIVE_SEGMENT_BYTES)",
+             settings.segment_bytes),
+            ("timeout in ms (set_timeout / PYCOLLECTIVE_TIMEOUT_S)", timeout_ms),
+            ("the agreement setting (set_check / PYCOLLECTIVE_CHECK)", int(settings.check)))
+
+
+def hold(ctx: Context, what: str, limit) -> None:
+    """Take the communicator's lock, waiting at most ``limit`` seconds (None: no limit);
+    raise if the communicator is broken or another thread keeps it longer."""
+    if ctx.broken is not None:
+        raise _watch.broken_error(ctx, what)
+    # Uncontended (the usual case) without the timed acquire's 0.2 us.
+    if not ctx.lock.acquire(False) and not ctx.lock.acquire(
+            timeout=-1 if limit is None else limit):
+        raise CollectiveTimeout(
+            f"{what} on {ctx.label}: another thread's collective on this communicator did "
+            f"not finish within {limit:g} s (calls on one communicator are serialised)",
+            collective=what, comm=ctx.label)
+
+
+def enter(ctx: Context, what: str, fp: tuple, settings: _settings.Settings,
+          words=None, tag_offset=None) -> _watch.Call:
+    """Take the communicator (bounded) and start a numbered call on it."""
+    hold(ctx, what, settings.timeout)
+    if tag_offset is None:
+        tag_offset = _watch.tag_offset(fp, _tag_ub(ctx)) if fp else 0
+    return _watch.begin(ctx, what, fp, settings, tag_offset, words)
+
+
+def leave(call: _watch.Call) -> None:
+    _watch.end(call)
+    call.ctx.lock.release()
+
+
+_TAG_UB = None
+
+
+def _tag_ub(ctx):
+    global _TAG_UB
+    if _TAG_UB is None:
+        _TAG_UB = int(ctx.comm.Get_attr(MPI.TAG_UB) or 32767)
+    return _TAG_UB
+
+
+def prepare(what: str, comm, local: Callable[[], NamedTuple], timeout, algorithm_of=None):
+    """Local checks, then (on several ranks) the call's start and agreement.
+
+    Returns ``(ctx, checked, call)``; ``call`` is None on one rank.  The
+    caller must end a call with :func:`leave`.  ``local`` returns a named
+    tuple with ``facts`` and ``fingerprint`` (settings -> tuple) or raises
+    TypeError/ValueError; on one rank only, that error reaches every rank
+    through the agreement step.  The step runs unless the agreement is off
+    and ``algorithm_of(ctx, checked)`` names an algorithm that verifies the
+    arguments itself (:func:`needs_agreement`).  A rank with a bad argument
+    always runs it, so ranks that do hear what is wrong, and ranks that skip
+    it (shared memory) find a header that does not match theirs.
+    """
+    comm = resolve_comm(comm)
+    checked, error = None, None
+    try:
+        checked = local()
+    except (TypeError, ValueError) as exc:
+        error = exc
+    settings = _settings.resolve(timeout, comm_settings(comm).get("timeout", DEFAULT))
+    if comm.Get_size() == 1:
+        if error is not None:
+            raise error
+        return None, checked, None
+    ctx = get_context(comm)
+    fp = checked.fingerprint(settings) if checked is not None else ()
+    call = enter(ctx, what, fp, settings)
+    try:
+        agreement = settings.check or error is not None or algorithm_of is None
+        if not agreement:
+            agreement = needs_agreement(settings, algorithm_of(ctx, checked))
+        if agreement:
+            facts = None if checked is None else tuple(checked.facts) + settings_facts(settings)
+            agree(ctx, what, error, facts)
+    except BaseException:
+        leave(call)
+        raise
+    return ctx, checked, call
+
+
+def run_algorithm(call: _watch.Call, algo, ctx, *args) -> None:
+    """Run an algorithm; any failure breaks the communicator and reaches every rank."""
+    try:
+        return algo(ctx, *args)
+    except ConfigurationError:
+        raise  # found by every rank together: nothing is half done
+    except BaseException as exc:
+        err = _watch.fail(call, exc)
+        if err is exc:
+            raise
+        raise err from exc
+
+
+class Checked(NamedTuple):
+    """A checked call of a collective other than allreduce: what the algorithm runs on."""
+
+    what: str                            # its name in _watch.COLLECTIVES
+    algo: Optional[_registry.Algorithm]  # None: algorithm="auto", chosen after agreement
+    count: int                           # elements (bytes for bcast) of the whole vector
+    dtype: np.dtype                      # the element type the algorithm sees
+    dtype_code: int                      # for the fingerprint (the itemsize for allgather)
+    op_code: int
+    facts: Facts
+    args: tuple                          # run(ctx, *args)
+    own: tuple = ()                      # (src, dst): this rank's block to put in place first
+
+    def fingerprint(self, settings):
+        names = _registry.names(FAMILY[self.what])
+        algo = len(names) if self.algo is None else names.index(self.algo.name)
+        return _watch.fingerprint(self.what, self.count, self.dtype_code, self.op_code, algo,
+                                  settings)
+
+
+def call_collective(what, comm, local, timeout, one_rank):
+    """Check, agree, then run the algorithm; ``one_rank(checked)`` on a single rank."""
+    ctx, checked, call = prepare(what, comm, local, timeout)
+    if checked.own:
+        src, dst = checked.own
+        if src.size and src.__array_interface__["data"][0] != dst.__array_interface__["data"][0]:
+            dst[...] = src
+    if call is None:
+        one_rank(checked)
+        return
+    try:
+        if checked.count == 0:
+            return
+        algo = checked.algo
+        if algo is None:
+            algo = _choose.choose(ctx, FAMILY[what], checked.count, checked.dtype)
+        else:
+            reason = algo.usable(ctx)
+            if reason:
+                raise ValueError(reason)
+        run_algorithm(call, algo.run, ctx, *checked.args)
+    finally:
+        leave(call)
+
+
+def comm_shape(comm):
+    resolved = resolve_comm(comm)
+    return resolved.Get_size(), resolved.Get_rank()
+
+
+def run_remembered(ctx, plan, src, dst) -> None:
+    """An allreduce of a shape :mod:`._fastpath` remembers (what its ``lookup`` returned):
+    its plan, its agreement, its run.
+
+    Where the plan has a fast way (``plan.fast``, see :mod:`._fastpath`) and
+    the communicator is free, the call is numbered and run without a call
+    record; the record is made only if the fast way hands the call back
+    unfinished (a slow rank, a disagreement, an exception), and what follows
+    is the same as on the way below.  For "shm" below 1 MiB that is a quarter
+    of a small call's time (about 3 us of Python at N = 2; a contended lock,
+    a broken communicator and plans without a fast way go the way below).
+    """
+    fast = plan.fast
+    if fast is not None and ctx.broken is None and ctx.lock.acquire(False):
+        try:
+            ctx.calls += 1
+            number = ctx.calls
+            values = plan.template
+            values[0], values[1] = number, -number  # the plan's own: calls hold the lock
+            try:
+                rest = fast(number, plan, src, dst)
+            except BaseException as exc:  # broken off midway: the communicator breaks
+                rest = _reraise(exc)
+            if rest is not None:
+                _run_rest(ctx, plan, number, rest, src, dst)
+        finally:
+            ctx.lock.release()
+        return
+    call = enter(ctx, "allreduce", plan.fingerprint, plan.settings, plan.words, plan.tag_offset)
+    try:
+        _run_recorded(ctx, plan, call, plan.run, src, dst)
+    finally:
+        leave(call)
+
+
+def _run_rest(ctx, plan, number, rest, src, dst):
+    """The rest of a call the fast way handed back: ``rest(ctx, call, values, src, dst)``
+    with the call's record, as :func:`run_remembered`'s other way runs ``plan.run``."""
+    call = _watch.begin(ctx, "allreduce", plan.fingerprint, plan.settings, plan.tag_offset,
+                        plan.words, number=number)
+    try:
+        _run_recorded(ctx, plan, call, rest, src, dst)
+    finally:
+        _watch.end(call)
+
+
+def _run_recorded(ctx, plan, call, run, src, dst):
+    """``run(ctx, call, values, src, dst)`` with ``call``'s own copy of the agreement vector
+    (a disagreement overwrites it with the MAX); the verdict if the ranks disagree."""
+    values = None
+    if plan.agreement:
+        values = plan.template.copy()
+        values[0], values[1] = call.number, -call.number
+    if not run_algorithm(call, run, ctx, call, values, src, dst):
+        verdict(ctx, "allreduce", None, plan.facts, values)
+
+
+def _reraise(exc):
+    def rest(*_):
+        raise exc
+    return rest
