@@ -196,7 +196,7 @@ def test_the_gaps_get_the_profiles_that_apply_to_them(tmp_path):
     assert envs["gaps_starts_impi_N4"] == "impi" and envs["gaps_cpu_shm_N4"] == "pycollective"
     cpu = next(i for i in gaps.plan(rows, found) if i["kind"] == "cpu" and i["algorithm"] == "shm")
     argv = gaps.argv(cpu, tmp_path / "x.json")
-    assert argv[0].endswith("benchmarks/shm/cpu_time.py") and argv[argv.index("--count") + 1:
+    assert argv[0].endswith("benchmarks/peers/cpu_time.py") and argv[argv.index("--count") + 1:
                                                                   argv.index("--algorithm")] == \
         ["100000", "10000000"]
 

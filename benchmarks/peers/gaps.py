@@ -9,7 +9,7 @@ DIR`` remakes the section), and :func:`section` writes the report's "What
 the gaps are made of".  Four profiles, one launch per N and algorithm or
 peer:
 
-* **cpu** (``benchmarks/shm/cpu_time.py``), every gap size: our best
+* **cpu** (``benchmarks/peers/cpu_time.py``), every gap size: our best
   algorithm there and MPICH's own ``Allreduce`` taking turns, calls back to
   back with wall time against CPU time summed over the ranks, and one call
   at a time after a ``Barrier`` as the report times them.  ``busy`` = CPU /
@@ -50,7 +50,7 @@ BULK = 10 ** 5             # from here a call's CPU is compared with the floor's
 BIG = 10 ** 6              # below this, the fastest peer's own starts are timed
 CPU_BUDGET = 0.3           # seconds of calls per size and contender in cpu_time.py
 HERE = Path(__file__).resolve().parent
-CPU_TIME = HERE.parent / "shm" / "cpu_time.py"
+CPU_TIME = HERE / "cpu_time.py"
 STARTS = HERE / "starts.py"
 MPI_PEERS = ("mpich", "openmpi", "impi")  # the peers starts.py can run (Gloo reduces in place)
 
@@ -209,7 +209,7 @@ def section(profiles, rows, found, floor_time, fmt_count=lambda c: f"{c:g}", lab
              "Measured right after the rounds, one launch per N and profile "
              "(`benchmarks/peers/gaps.py` says how; the launches are in commands.txt). "
              "*back to back*: our best algorithm's time per call in a loop "
-             "(`benchmarks/shm/cpu_time.py`); *after a Barrier*: one call at a time, as the "
+             "(`benchmarks/peers/cpu_time.py`); *after a Barrier*: one call at a time, as the "
              "report times them. *busy*: CPU time summed over ranks / (cores × wall), back to "
              "back. *CPU / floor*: that CPU time over the CPU time the memory floor's traffic "
              "needs at one core's copy rate (shown from 1e5 elements; below, calls are "

@@ -1,8 +1,8 @@
 """Wall time against CPU time of a large allreduce: is the gap work or waiting?
 
-    scripts/run_mpi.sh 4 benchmarks/shm/cpu_time.py --count 1e7
-    PYCOLLECTIVE_SHM_CMA=0 scripts/run_mpi.sh 4 benchmarks/shm/cpu_time.py --count 1e7
-    scripts/run_mpi.sh 8 benchmarks/shm/cpu_time.py --count 1e4 1e5 --budget 0.3 --json F
+    scripts/run_mpi.sh 4 benchmarks/peers/cpu_time.py --count 1e7
+    PYCOLLECTIVE_SHM_CMA=0 scripts/run_mpi.sh 4 benchmarks/peers/cpu_time.py --count 1e7
+    scripts/run_mpi.sh 8 benchmarks/peers/cpu_time.py --count 1e4 1e5 --budget 0.3 --json F
 
 Where ranks outnumber cores, a call's wall time is either the cores working
 (copying, reducing, in user space or in the kernel's ``process_vm_readv``)
