@@ -11,7 +11,7 @@ timed by the same loop, so the rows of every contender mean the same thing
 (``python -m pycollective.bench`` times differently: it interleaves every
 case with native MPI call by call and computes CRCs between calls, which
 with more ranks than cores doubled every case's time at 1e6 floats, native
-MPICH's included; docs/results/2026-12-01-loops.md):
+MPICH's included; docs/results/loops.md):
 
 * per size and case (for pycollective, each of its algorithms):
   ``--warmup`` untimed calls (for pycollective's ``auto``, more until it has

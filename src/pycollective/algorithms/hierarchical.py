@@ -207,7 +207,7 @@ def _spans_nodes(layout):
     more traffic than "shm" for the same result.  In the peers reports of
     2026-12-01/02 it took 1.13-2.18x shm's time at 1e7, and yet, timed
     against it in every class, it was kept in 3 of 6 launches at N = 8, 1e7
-    in 14:20's (1.2x slower; docs/results/2026-12-02-entry.md).  Where the
+    in 14:20's (1.2x slower; docs/results/entry.md).  Where the
     model ranks it among its best it is still timed.
     """
     return layout.spans_nodes

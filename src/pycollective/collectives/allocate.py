@@ -38,7 +38,7 @@ def shared_empty(shape, dtype=np.float32, *, comm=None):
     reads the peers' slices of such arrays straight from their memory above
     1 MiB, instead of copying them through the kernel or a shared slot: at
     1e7 float32 0.73 of the time at 4 ranks, 0.77 at 8 on our 2-core
-    machine (docs/results/2026-12-02-shared.md).  Allocate buffers that are
+    machine (docs/results/shared.md).  Allocate buffers that are
     reduced again and again (gradient buckets) once, this way.
 
     Every rank must call it, in the same order as its other collectives on

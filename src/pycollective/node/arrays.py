@@ -6,7 +6,7 @@ copy into its shared slot.  An array from ``shared_empty`` (:mod:`._allocate`) l
 segment every rank of the node maps (each rank owns one region of it), so a
 peer's slice is an ordinary view and the reduction reads it straight from
 memory.  At 1e7 float32 ``shm`` took 0.73 of its time on plain arrays at
-N = 4 and 0.77 at N = 8 (docs/results/2026-12-02-shared.md).
+N = 4 and 0.77 at N = 8 (docs/results/shared.md).
 
 How a call finds out: each rank writes, before its call's first sync, where
 its ``src`` and ``dst`` lie (allocation number and byte offset, or -1) into

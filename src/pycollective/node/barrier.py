@@ -16,7 +16,7 @@ __all__ = ["FlagBarrier", "wait_modes", "SLEEP_SPINS", "FIRST_SLEEP_NS", "LONGES
 
 # Waiting where ranks outnumber cores (FlagBarrier): checks of a counter before
 # sleeping on it, the first sleep's bound and the longest (measured: see
-# docs/results/2026-12-01-waits.md).
+# docs/results/waits.md).
 SLEEP_SPINS = 256
 FIRST_SLEEP_NS = 200_000
 LONGEST_SLEEP_NS = 10_000_000

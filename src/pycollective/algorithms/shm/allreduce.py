@@ -118,7 +118,7 @@ from .steps import REPLICATE_BYTES
 # a call of 1.1-3.8 MiB per rank took 0.58-0.79 of the single copy's time at
 # N = 4 and 8 and 0.42-1.18 at N = 2 (median 0.85); at 7.6 MiB 0.72-1.30,
 # from 15 MiB the single copy is level or ahead (1.2-1.6 at 38 MiB)
-# (benchmarks/shm/single_copy.py; docs/results/2026-12-02-fastway.md).  The other
+# (benchmarks/shm/single_copy.py; docs/results/fastway.md).  The other
 # node collectives keep _node.CMA_BYTES: for them the two were about level.
 SINGLE_COPY_BYTES = 8 << 20
 _SIZES_KEPT = 64  # sizes whose choice of stores a communicator keeps
@@ -259,7 +259,7 @@ class _ShmState:
         1 MiB do.  Where ranks outnumber cores a call's time is too noisy to
         choose from, and the kind is fixed by size: non-temporal stores from
         ``STREAM_BYTES`` (benchmarks/shm/stores.py --between, in
-        docs/results/2026-12-02-streamed.md).  Every call above 1 MiB is
+        docs/results/streamed.md).  Every call above 1 MiB is
         timed: a clock read beside 100 µs or more.
         """
         if nbytes <= DOUBLE_LIMIT:

@@ -40,7 +40,7 @@ CMA_BYTES = DOUBLE_LIMIT
 # cross_reduce: bytes per operand and block; the partial result, two staged
 # blocks and the own block (1 MiB) stay in a 2 MiB L2.  256 KiB and 512 KiB
 # were 7-18 % faster than the 4 MiB staged at once before (N = 2, 4, 8; 1e7
-# float32), 1 MiB 1-8 % (docs/results/2026-12-01-waits.md).
+# float32), 1 MiB 1-8 % (docs/results/waits.md).
 CROSS_BLOCK_BYTES = 256 << 10
 _STATE = Key("node.collectives")
 

@@ -5,7 +5,7 @@ and the single-copy path above 1 MiB, "shm" stages the data in the slots'
 two alternating regions: rank i owns slice i of the result (see ``shm.py``).
 In Python that is a dozen calls and two synchronisations per allreduce
 (a call of 40 KB on two ranks: 22-27 µs, 16-21 µs with this module;
-docs/results/2026-12-01-mid.md).  Here the same protocol runs as one
+docs/results/mid.md).  Here the same protocol runs as one
 compiled call that goes through three phases, each ending in the same
 barrier target as the Python path's:
 

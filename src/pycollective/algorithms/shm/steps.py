@@ -17,7 +17,7 @@ the arrays that stay the same call after call (flags, boards, header sets,
 slots, agreement template, fingerprint) by address, in control words built
 once per plan and slots (``_small.prepared_step``, ``_mid.prepared_step``):
 three arrays and three integers to type on entry instead of 13 or 18
-arguments, 5-15 % of a call below 1 MiB (docs/results/2026-12-02-entry.md).
+arguments, 5-15 % of a call below 1 MiB (docs/results/entry.md).
 """
 
 import functools
@@ -437,7 +437,7 @@ class Stores:
 
     On the 2-core VMs a launch can be in a state where a core reading lines
     from the other core's cache is 5-8x slower than in the launch before
-    (docs/results/2026-12-02-entry.md).  Then stores that go to memory make
+    (docs/results/entry.md).  Then stores that go to memory make
     the readers faster (0.30 of the time in benchmarks/shm/nontemporal.py);
     otherwise they are slower (2.1-2.8x).  No fixed choice fits both, and the
     state changes from launch to launch, so each rank times some of its own
@@ -449,7 +449,7 @@ class Stores:
     in use changes when the other's is below ``SWITCH`` of its own.  The
     bytes in the slot are the same either way, so ranks that choose
     differently still compute the same result
-    (docs/results/2026-12-02-stores.md).
+    (docs/results/stores.md).
 
     A call takes its kind from :meth:`next` and reports a timed one to
     :meth:`took`.  ``shm``'s slot path above 1 MiB keeps one per size for its
