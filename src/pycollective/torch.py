@@ -35,8 +35,8 @@ on the calling thread with the blocking ``Allreduce``, once the buckets
 before it are done: backward has nothing left to compute, so handing it to
 the helper would only add the two wake-ups to the step, and running it
 beside the helper's reductions would have two threads of each rank polling
-MPI and taking the GIL from each other (measured: the step's reduction took
-several times longer on 2 cores).  A model whose gradients fit in one bucket (DDP's
+MPI and taking the GIL from each other (the step's reductions took several
+times longer).  A model whose gradients fit in one bucket (DDP's
 first bucket holds 1 MiB, the others 25 MiB) therefore has no overlap and
 no thread hand-off at all.
 

@@ -204,11 +204,9 @@ def _spans_nodes(layout):
 
     On one node it has one leader, so it is shm's node steps plus a gather of
     the whole vector into the leader's slot and a copy of it by every rank:
-    more traffic than "shm" for the same result.  In the peers reports of
-    2026-12-01/02 it took 1.13-2.18x shm's time at 1e7, and yet, timed
-    against it in every class, it was kept in 3 of 6 launches at N = 8, 1e7
-    in 14:20's (1.2x slower; docs/results/entry.md).  Where the
-    model ranks it among its best it is still timed.
+    more traffic than "shm" for the same result, and timing it against "shm"
+    in every class let noise keep the slower one (docs/results/entry.md).
+    Where the model ranks it among its best it is still timed.
     """
     return layout.spans_nodes
 

@@ -30,9 +30,8 @@ __all__ = ["DEFAULTS", "BUILTIN", "default_path", "load_params", "save_params", 
            "write_json"]
 
 
-# The built-in model, for a machine without a calibration file.  From
-# calibrations on the 2-core development machine (MPICH 5 shared memory,
-# benchmarks/results/2026-11-29T1033Z/model.json) at one rank per core;
+# The built-in model, for a machine without a calibration file: calibrated at
+# one rank per core on the development machine (docs/results/model.md);
 # :func:`params_for` scales them for oversubscription and cache.
 DEFAULTS = {
     "alpha": 2.1e-6,     # s per message (mpi4py Sendrecv through Python), one rank per core

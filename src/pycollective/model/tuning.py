@@ -17,29 +17,21 @@ rank, ``[2^(k-1), 2^k)`` -- a :class:`Tuner`:
   model often cannot tell such algorithms apart (on one node several of them
   move the same bytes); and, whatever their rank, the algorithms registered
   as ``layout_aware`` (shared memory inside a node: their cost depends on how
-  ranks share cores and links, which the bare model only guesses -- measured
-  on 2026-12-01, the uncalibrated model left ``shm`` out at 1 element on one
-  node and ``hierarchical`` out at 1e6-1e7 across a 1 Gbit/s link, where each
-  was the fastest by 1.1-1.6x; an algorithm may say on which layouts this
-  holds, ``hierarchical`` across nodes only); at most :data:`MAX_CANDIDATES`
-  in all;
+  ranks share cores and links, which the bare model only guesses, and
+  left out the fastest of them (docs/results/fold.md); an algorithm may say
+  on which layouts this holds, ``hierarchical`` across nodes only); at most
+  :data:`MAX_CANDIDATES` in all;
 * runs rounds; in each round every candidate still in the race serves one
   call, in the model's order -- or, for calls the model predicts to take
   less than :data:`SHORT_CALL`, a burst of :data:`BURST` consecutive
   calls, of which only the second half is timed: right after another
-  algorithm a call is slowed by what that one left (measured 2026-12-01, 4
-  ranks on 2 cores, 1000 floats: ``shm`` took 142-366 us right after the
-  others and 82-181 us by its fourth call in a row, ``hierarchical``
-  189-501 and 140-447 us; once decided, 21-45 and 94-142 us a call; with
-  one call each, rounds of ``shm`` and ``hierarchical`` were within noise
-  and ``auto`` kept ``hierarchical`` in two launches of six:
-  ``benchmarks/auto/``).  The round's times are agreed in one small MAX
-  reduction at its end;
+  algorithm a call is slowed by what that one left, enough for single
+  calls to keep the slower algorithm (docs/results/python.md#autos-trials-in-bursts).
+  The round's times are agreed in one small MAX reduction at its end;
 * ignores the times of the first :data:`WARMUP` round: a candidate's first
   call builds its state (windows, sub-communicators) and its second may
-  still load compiled code (measured 2026-12-01, 4 ranks on 2 cores, 1000
-  floats: ``shm`` took 7 ms and then 28 ms in its first two trials, 0.1 ms
-  later, and was dropped after two rounds while the fastest by 1.5x);
+  still load compiled code, which once dropped the fastest candidate
+  (docs/results/fold.md);
 * after the second timed round drops the candidates slower than
   :data:`PRUNE` times the best so far (their best time against the best
   time), and stops when one is left or after its timed rounds:
@@ -50,10 +42,8 @@ rank, ``[2^(k-1), 2^k)`` -- a :class:`Tuner`:
 * picks the candidate with the smallest lower median of its agreed times
   (ties: the model's order).  The lower median ignores any one call that
   another process slowed down.  No margin for the model's order: without
-  a calibration its order can be far off (measured 2026-12-01, 2 ranks,
-  1000 floats, on a loaded machine: trials of ``butterfly``, ``naive`` and
-  ``shm`` within 10 % of each other, and a 10 % margin for the model's
-  first kept ``naive``, 10x slower than ``shm`` per call afterwards).
+  a calibration its order can be far off, and a margin for it once kept an
+  algorithm 10x slower per call (docs/results/python.md#autos-trials-in-bursts).
 
 So a class costs at most :data:`MAX_TRIALS` = 100 trial calls of calls
 under 1 ms (bursts of 4 over half as many rounds) and 20 for longer ones,

@@ -2,9 +2,7 @@
 
 A compiled function called from Python pays for every argument before it
 runs: numba types each one, about 0.15 µs an array and 13 ns a scalar
-(measured 2026-12-02: shm's small step with its 13 arguments, 7 of them
-arrays, took 1.8 µs to enter and run on one rank, the same body behind
-three arrays and three integers 0.35 µs).  A prepared call that passes the
+(docs/results/entry.md).  A prepared call that passes the
 same arrays call after call can pass their addresses instead, as int64
 words of one array, and take the views again inside: :func:`view`,
 :func:`strided`.  Whoever stores an address keeps its array alive, and

@@ -54,8 +54,8 @@ TAG_NOTICE, = reserve_tags("side channel (_watch.py)", (250,))
 ROLL_AFTER_S = 1.0        # a wait this long sends this rank's roll record (once per call)
 _SPINS = 4                # Test calls before a waiter starts yielding and watching the clock
 # (yielding at once costs a system call when the core is free, and lets the
-# rank we wait for run when ranks outnumber cores, which measured 1.5x faster
-# for small messages at 4 ranks on 2 cores than spinning 64 times first)
+# rank we wait for run when ranks outnumber cores, which measured faster for
+# small messages than spinning 64 times first)
 _ABSENT_S = 1.0          # a gap between two polls this long: the rank itself was not running
 _IO_EVERY_S = 1e-3        # how often a waiting rank reads the side channel
 _ERRORS = {cls.__name__: cls for cls in (CollectiveError, CollectiveTimeout, CollectiveMismatch,

@@ -113,19 +113,15 @@ from . import mid as _mid
 from . import steps as _steps
 from .common import cross_reduce, reduce_range
 from .steps import REPLICATE_BYTES
-# Above this, single copy where the system allows it (else the slots).  Each
-# process_vm_readv pins the peer's pages one by one; staged through the slots
-# a call of 1.1-3.8 MiB per rank took 0.58-0.79 of the single copy's time at
-# N = 4 and 8 and 0.42-1.18 at N = 2 (median 0.85); at 7.6 MiB 0.72-1.30,
-# from 15 MiB the single copy is level or ahead (1.2-1.6 at 38 MiB)
-# (benchmarks/shm/single_copy.py; docs/results/fastway.md).  The other
-# node collectives keep _node.CMA_BYTES: for them the two were about level.
+# Above this, single copy where the system allows it (else the slots): each
+# process_vm_readv pins the peer's pages one by one, which the slots beat up to
+# here (docs/results/fastway.md).  The other node collectives keep
+# common.CMA_BYTES: for them the two were about level.
 SINGLE_COPY_BYTES = 8 << 20
 _SIZES_KEPT = 64  # sizes whose choice of stores a communicator keeps
 # From this size, where ranks outnumber cores, the slot path writes its slot
-# with non-temporal stores (``_ShmState.stores_for``): at N = 4 and 8, from
-# 3.8 MiB, they took 0.62-1.00 of plain ones' time in all six launches; at
-# 1.1-1.9 MiB from 0.47 to 1.51, by launch.
+# with non-temporal stores (``_ShmState.stores_for``): from here they were
+# never slower, below it they won or lost by launch (docs/results/streamed.md).
 STREAM_BYTES = 3 << 20
 _STATE = Key("shm")
 
@@ -258,8 +254,7 @@ class _ShmState:
         per rank each rank chooses while it runs, as the repeated calls below
         1 MiB do.  Where ranks outnumber cores a call's time is too noisy to
         choose from, and the kind is fixed by size: non-temporal stores from
-        ``STREAM_BYTES`` (benchmarks/shm/stores.py --between, in
-        docs/results/streamed.md).  Every call above 1 MiB is
+        ``STREAM_BYTES`` (docs/results/streamed.md).  Every call above 1 MiB is
         timed: a clock read beside 100 µs or more.
         """
         if nbytes <= DOUBLE_LIMIT:

@@ -19,9 +19,7 @@ read the others' buffers where they are (one copy); below, or without them,
 data are staged in the slots.  The threshold is the slots' ``DOUBLE_LIMIT``
 (1 MiB): below it the slots alternate between two regions and a call needs
 no trailing sync; above it the two ways measured about level for these
-(reduce-scatter, allgather and bcast at N = 4, 3.8 and 15 MiB per rank:
-slots / single copy 0.87-1.19, ``benchmarks/shm/single_copy.py
---collective``).  Allreduce "shm" has its own, higher one
+(docs/results/fastway.md).  Allreduce "shm" has its own, higher one
 (``SINGLE_COPY_BYTES``).
 """
 

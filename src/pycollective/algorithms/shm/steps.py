@@ -435,11 +435,10 @@ class Stores:
     """Which stores a rank's repeated sliced call copies its input in with, chosen
     while it runs: plain ones (0) or non-temporal ones (1, past this core's cache).
 
-    On the 2-core VMs a launch can be in a state where a core reading lines
-    from the other core's cache is 5-8x slower than in the launch before
-    (docs/results/entry.md).  Then stores that go to memory make
-    the readers faster (0.30 of the time in benchmarks/shm/nontemporal.py);
-    otherwise they are slower (2.1-2.8x).  No fixed choice fits both, and the
+    A machine can be in a state where a core reading lines from another
+    core's cache is several times slower than usual (docs/results/entry.md).
+    Then stores that go to memory make the readers faster; otherwise they are
+    slower (docs/results/stores.md).  No fixed choice fits both, and the
     state changes from launch to launch, so each rank times some of its own
     calls of one shape (the same calls on every rank, as every rank makes
     the same calls): the first ``PROBE`` alternate the two kinds, then one
@@ -453,21 +452,19 @@ class Stores:
 
     A call takes its kind from :meth:`next` and reports a timed one to
     :meth:`took`.  ``shm``'s slot path above 1 MiB keeps one per size for its
-    copy-in and the writes of its slice into the slot (``shm.py``).
+    copy-in and the writes of its slice into the slot (``allreduce.py``).
     """
 
     PROBE, SAMPLE, SWITCH = 8, 32, 0.85
     # Where the kind not in use took 1.25x as long or more, it is tried 4x less
-    # often: each try costs that much (non-temporal stores took 1.4-1.6x at 1e5
-    # and more on two ranks in a fast launch: 1 in 32 calls cost 1.5-2 %).
+    # often: each try costs that much (docs/results/stores.md).
     CLEAR, RARELY = 1.25, 128
     __slots__ = ("calls", "mask", "using", "recent", "median", "sample", "every")
 
     def __init__(self, chooses=True, fixed=0, every=8):
         """``chooses``: False where this rank's waits sleep (its node's ranks outnumber
         their cores, or ``PYCOLLECTIVE_SHM_WAIT=sleep``): there a call's time is mostly
-        which rank the scheduler ran when (two cases running the same code differed by
-        up to 1.8x in one launch of 4 ranks on 2 cores), too noisy to choose from, and
+        which rank the scheduler ran when, too noisy to choose from, and
         the calls keep the ``fixed`` kind.  ``every``: once probed, one call in this
         many is timed (a power of two; 1 where a call is long beside a clock read)."""
         self.calls, self.using, self.sample = 0, 0 if chooses else fixed, self.SAMPLE
