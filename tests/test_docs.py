@@ -22,7 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
-MAX_README_LINES = 250
+MAX_README_LINES = 201  # README.md at most 200 lines: a front door
 BENCH_QUICK_START = ("python3 -m venv .venv && . .venv/bin/activate && pip install . && "
                      "scripts/run_mpi.sh 8 -m pycollective.bench ring --M 1e8")
 TABLE_BEGIN = "<!-- settings-table: generated, do not edit by hand -->"
