@@ -1,12 +1,13 @@
-"""The package's shape: imports flow one way, every module imports on its own.
+"""The package's shape: one rule per package, imports flow one way, every module imports on its own.
 
-The layers (docs/architecture.md): small utilities -> context ->
-shared-memory primitives -> algorithms -> agreement / fast path / auto
-choice (and the pure cost model) -> the public collectives -> what is
-built on them (drop-in, bucketing, bench, calibration, CLIs).  A module may
-import from its own layer or below, never above; the core imports no
-algorithm module except where an algorithm's phases *are* a public
-collective (ring's reduce-scatter and allgather).
+Each package of ``src/pycollective`` (and each of the few top-level modules)
+is one concern and has one rule: the packages it may import (``RULES``, as
+in docs/architecture.md and in each package's ``__init__`` docstring).  The
+rules form a graph without cycles, from the data (buffers, ops, kernels) up
+to training; ``bench`` (the measuring tools) may import anything and nothing
+in the library imports it, only the command lines (``__main__``).  A module
+may import its own package's modules (without cycles) and the packages its
+rule names, function-local imports included.
 """
 
 import ast
@@ -20,33 +21,29 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 ROOT = "pycollective"
 
-LAYERS = [
-    # 0: no MPI state of their own
-    {"_errors", "data", "data.*", "node.atomics", "node.views", "runtime.env", "runtime.settings",
-     "runtime.registry", "runtime.root", "compression"},
-    {"runtime", "runtime.watch", "runtime.context"},
-    {"node", "node.group", "node.cma", "node.segment", "node.barrier", "node.arrays"},
-    {"algorithms", "algorithms.*"},
-    {"collectives.agree", "collectives.plans", "collectives.auto", "collectives.choose", "model",
-     "model.formulas", "model.lecture", "model.params", "model.choice", "model.fit",
-     "model.ledger", "model.topology", "model.tuning"},
-    {"collectives.call"},
-    {"collectives", "collectives.api", "collectives.options", "collectives.allocate"},
-    # what the drop-in is built from: its argument plans and its nonblocking engine
-    {"comm.arguments", "comm.nonblocking"},
-    {"comm", "comm.dropin", "training", "training.*", ""},
-    # training built on the library; nothing below imports it
-    {"zero", "zero._checkpoint", "zero._comms", "zero._mlp", "zero._optimizer", "zero._precision",
-     "torch"},
-    # measuring tools and the command lines: the library never imports them
-    {"bench", "bench.*", "model.__main__", "zero.__main__"},
-]
-
-# Where the core may reach into an algorithm module, and why.
-ALGORITHM_IMPORTS_ALLOWED = {
-    ("collectives.api", "algorithms"): "importing the package registers every algorithm",
-    ("collectives.options", "algorithms"): "algorithms() lists what importing the package registers",
+# package (first part of a module's dotted name; "" is the facade) -> the packages it may
+# import.  "=algorithms": the algorithms package itself (importing it registers them all),
+# none of its modules.
+RULES = {
+    "_errors": set(),
+    "data": {"_errors"},
+    "compression": {"data"},
+    "runtime": {"data", "_errors"},
+    "node": {"runtime", "data", "_errors"},
+    "model": {"runtime", "data"},
+    "algorithms": {"node", "runtime", "data", "_errors"},
+    "collectives": {"=algorithms", "model", "node", "runtime", "data", "compression", "_errors"},
+    "comm": {"collectives", "runtime", "data", "compression", "_errors"},
+    "training": {"comm", "collectives", "data", "compression", "_errors"},
+    "zero": {"comm", "collectives", "model", "data", "compression", "_errors"},
+    "torch": {"comm", "runtime", "compression"},
+    "": {"collectives", "comm", "training", "data", "_errors"},
+    "bench": {"*"},
 }
+# A command line (``python -m pycollective.X``) may also use the measuring tools.
+MAIN_MAY_IMPORT = {"bench"}
+MAX_TOP_LEVEL_MODULES = 12
+MAX_LINES = 600
 
 
 def _modules():
@@ -123,13 +120,27 @@ def import_graph():
     return graph
 
 
-def _layer(name):
-    for i, layer in enumerate(LAYERS):
-        for pattern in layer:
-            if name == pattern or (pattern.endswith(".*") and name.startswith(pattern[:-1])):
-                return i
-    raise AssertionError(f"module {ROOT}.{name} is in no layer: add it to LAYERS "
+def package_of(name):
+    return name.split(".")[0]
+
+
+def violations(graph):
+    """The imports that break a package's rule, as text (empty: none)."""
+    wrong = []
+    for name, targets in graph.items():
+        own = package_of(name)
+        if own not in RULES:
+            wrong.append(f"pycollective.{own} has no rule: add it to RULES "
                          "(and to docs/architecture.md)")
+            continue
+        allowed = RULES[own] | (MAIN_MAY_IMPORT if name.endswith("__main__") else set())
+        for target in sorted(targets):
+            other = package_of(target)
+            if other == own or "*" in allowed or other in allowed or f"={target}" in allowed:
+                continue
+            wrong.append(f"{name} imports {target}: {own or 'the facade'} may import "
+                         f"{', '.join(sorted(allowed)) or 'nothing of pycollective'}")
+    return wrong
 
 
 def find_cycle(graph):
@@ -168,23 +179,42 @@ def test_the_cycle_finder_finds_cycles():
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
-def test_imports_flow_down_the_layers():
-    wrong = []
-    for name, targets in import_graph().items():
-        for target in targets:
-            if _layer(target) > _layer(name):
-                wrong.append(f"{name} (layer {_layer(name)}) imports {target} "
-                             f"(layer {_layer(target)})")
-    assert not wrong, "\n".join(sorted(wrong))
+def test_every_package_keeps_its_rule():
+    wrong = violations(import_graph())
+    assert not wrong, "\n".join(sorted(set(wrong)))
 
 
-def test_the_core_imports_algorithms_only_where_a_collective_is_an_algorithm():
-    core = {n for n in MODULES if _layer(n) in (0, 1, 2, 4, 5, 6, 7)}
-    graph = import_graph()  # once: it parses every module
-    wrong = [f"{name} imports {target}" for name in sorted(core)
-             for target in sorted(graph[name])
-             if _layer(target) == 3 and (name, target) not in ALGORITHM_IMPORTS_ALLOWED]
-    assert not wrong, "\n".join(wrong)
+def test_the_rules_form_no_cycle():
+    graph = {pkg: {t.lstrip("=") for t in allowed if t != "*"} for pkg, allowed in RULES.items()}
+    assert find_cycle(graph) is None
+
+
+def test_a_broken_rule_is_found():
+    # the checker itself: an import up the graph, into an algorithm module, and into bench
+    found = violations({"data.kernels": {"collectives.api"},
+                        "collectives.api": {"algorithms", "algorithms.ring"},
+                        "model.params": {"bench._timing"}, "model.__main__": {"bench._model_cli"},
+                        "newthing": set()})
+    assert any("data.kernels imports collectives.api" in w for w in found)
+    assert any("collectives.api imports algorithms.ring" in w for w in found)
+    assert not any("imports algorithms:" in w for w in found)
+    assert any("model.params imports bench._timing" in w for w in found)
+    assert not any("model.__main__" in w for w in found)
+    assert any("newthing has no rule" in w for w in found)
+
+
+def test_each_package_says_what_it_holds_and_may_import():
+    missing = [name for name in MODULES if name and "." not in name and _is_package(name)
+               and "May import" not in (ast.get_docstring(ast.parse(MODULES[name].read_text())) or "")]
+    assert not missing, f"packages whose __init__ docstring does not say what they may import: {missing}"
+
+
+def test_few_top_level_modules_and_no_long_file():
+    top = [p.name for p in (SRC / ROOT).glob("*.py")]
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, sorted(top)
+    long = [f"{p.relative_to(SRC)}: {n}" for p in (SRC / ROOT).rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_LINES]
+    assert not long, long
 
 
 # Each module is imported first in a process of its own, forked from one

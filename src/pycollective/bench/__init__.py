@@ -26,14 +26,24 @@ that returns its rows; only rank 0 prints):
 ``env``         the machine, the MPI library, every ``PYCOLLECTIVE_*`` setting
 ==============  ===============================================================
 
-The modules: ``_harness`` (warm-up, timing, checks and cross-rank agreement
-of any collective), ``_cli`` (the registry, parsing, output conventions,
-``--json``), ``_args`` (shared options), ``_allreduce`` and ``_report`` (the
-allreduce command, its tables and plot), ``_speed`` (membw, latency,
-segments), ``_profile`` (the only one that reaches into the library's
-internals), ``_schema`` and ``schema.json`` (the ``--json`` format).  Conventions: see
-:mod:`pycollective.bench._cli`.  Run ``--help`` on any command for the meaning
-of every column.
+The measuring tools of the project live here, and nothing in the library
+imports them (only the command lines and the tests): ``_harness`` (warm-up,
+timing, checks and cross-rank agreement of any collective), ``_cli`` (the
+registry, parsing, output conventions, ``--json``), ``_args`` (shared
+options), ``_allreduce`` and ``_report`` (the allreduce command, its tables
+and plot), ``_speed`` (membw, latency, segments), ``_profile`` (the only
+command that reaches into the library's internals), ``_schema`` and
+``schema.json`` (the ``--json`` format); ``_calibration`` (measuring the
+model's parameters, ``pycollective.model.calibrate``), ``_model_cli``
+(``python -m pycollective.model``), ``_zero_ledger`` (ZeRO's measured ledger,
+``python -m pycollective.zero --ledger``); and the helpers they share:
+``_timing`` (timing loops), ``_exact`` (exact test data, shared with the
+tests), ``_table`` (text tables), ``_units`` (counts and sizes as typed),
+``_about`` (what a measurement ran on).  Conventions: see
+:mod:`pycollective.bench._cli`.  Run ``--help`` on any command for the
+meaning of every column.
+
+May import: anything in ``pycollective``.
 """
 
 # Importing a command's module registers it (_cli.COMMANDS).

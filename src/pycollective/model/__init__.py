@@ -12,15 +12,16 @@ code.  The package is split by concern:
 ``fit``             fitting α, β and measured/model ratios to measurements
 ``topology``        where ranks run (``Layout``) and what links cost (``Topology``)
 ``tuning``          what ``auto``'s timed trials try, and how it decides
-``calibration``     measuring on this machine, through ``pycollective.allreduce``
+``ledger``          ZeRO's memory and traffic per rank, by the lecture's formulas
 ``__main__``        ``python -m pycollective.model lecture|table|show|calibrate|check``
 ==================  ===========================================================
 
-Everything but ``calibration`` is pure computation and sits below the
-collectives in the import graph (the library's automatic choice uses it);
-``calibration`` measures through the public collectives and so sits above
-them.  It is therefore loaded on first use of its names (PEP 562), not when
-``pycollective.model`` is imported, which would be an import cycle.
+All of it is pure computation: the library's automatic choice uses it.
+May import: ``runtime``, ``data``.  Measuring (``calibration``) and the command
+line are measuring tools and live in ``pycollective.bench``
+(``bench/_calibration.py``, ``bench/_model_cli.py``); their names here
+(``calibrate``, ``measure_algorithms``, ``main``, ...) are loaded on first use
+(PEP 562), so importing the model never imports the measuring tools.
 """
 
 import importlib

@@ -11,14 +11,17 @@ library pieces a training script uses:
 ``MLP``             a ReLU MLP whose forward/backward use the optimizer's
                     per-layer hooks (gather before use, reduce when ready)
 ``save``/``load``   checkpoints of the sharded state, one file per rank
-``ledger``          the measured memory and traffic ledger beside the lecture's
 ==================  ==========================================================
 
 ``python -m pycollective.zero --ledger`` prints the ledger (run it under
 ``scripts/run_mpi.sh 8``), ``--overlap`` times stage 2 with and without its
 reduce-scatters overlapping the backward.  The collectives it uses live in ``_comms``
-(one place, counted); the formulas in :mod:`pycollective.model.ledger`.
-The core library does not import this package.
+(one place, counted); the formulas in :mod:`pycollective.model.ledger`; the
+measured ledger in :mod:`pycollective.bench._zero_ledger`.
+
+May import: ``comm``, ``collectives``, ``model``, ``data``, ``compression``,
+``_errors`` (its command line also ``bench``).  Nothing else in the library
+imports this package.
 """
 
 from ._checkpoint import checkpoint_path, load, save
