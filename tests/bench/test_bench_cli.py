@@ -1,7 +1,7 @@
 """Serial tests of the benchmark's command line: commands, conventions, paths, JSON schema.
 
 The commands run here on ``MPI.COMM_SELF`` (one rank, tiny sizes); their
-multi-rank behaviour is tested in ``tests/mpi/test_bench_commands.py``.
+multi-rank behaviour is tested in ``tests/mpi/bench/test_bench_commands.py``.
 """
 
 import io

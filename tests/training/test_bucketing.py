@@ -2,7 +2,7 @@
 
 A recording communicator stands in for MPI so that the order and content
 of the collectives can be checked exactly; the multi-rank behaviour is
-covered by tests/mpi/test_example.py (training through the buckets).
+covered by tests/mpi/training/test_example.py (training through the buckets).
 """
 
 import numpy as np

@@ -19,7 +19,7 @@ from _data import MPI_OPS, bitwise_equal, counts_for, exact_reduce, exact_values
 
 # Every op with float32, and each other dtype with two ops: every algorithm
 # meets every op and every dtype (the kernels themselves are checked bit for
-# bit against numpy in tests/test_kernels.py); "auto" picks one of the
+# bit against numpy in tests/data/test_kernels.py); "auto" picks one of the
 # registered algorithms, so it runs with float32 only.
 OPS_OF = {"float32": ["sum", "prod", "max", "min"], "int64": ["sum", "max"],
           "float16": ["prod", "min"]}

@@ -19,7 +19,7 @@ import pycollective
 
 pytest.importorskip("sklearn")  # the `examples` extra
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 _spec = importlib.util.spec_from_file_location("train_mlp", ROOT / "examples" / "train_mlp.py")
 train_mlp = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(train_mlp)

@@ -3,7 +3,7 @@
 ``_mid._stream`` copies with non-temporal stores where the destination is
 32-byte aligned and plain ones at the ragged ends; ``_shm_steps.Stores``
 chooses between it and the plain copy from the times of a rank's calls
-(or keeps a fixed kind).  On several ranks: tests/mpi/test_shm_mid.py
+(or keeps a fixed kind).  On several ranks: tests/mpi/algorithms/test_shm_mid.py
 (``FORCE_STORES``).
 """
 

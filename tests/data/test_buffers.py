@@ -21,7 +21,7 @@ from mpi4py import MPI
 from pycollective.data import buffers as B
 
 _spec = importlib.util.spec_from_file_location(
-    "_tensors", Path(__file__).parent / "mpi" / "_tensors.py")
+    "_tensors", Path(__file__).parents[1] / "mpi" / "_tensors.py")
 _tensors = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_tensors)
 DLPackOnly, LegacyDLPack, FakeDevice = _tensors.DLPackOnly, _tensors.LegacyDLPack, _tensors.FakeDevice

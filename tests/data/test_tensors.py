@@ -1,7 +1,7 @@
 """torch CPU tensors through every public function and the drop-in, on one process.
 
 Skips, saying why, where torch is not installed (it is an optional extra);
-tests/mpi/test_tensors.py does the same on several ranks, with numpy's own
+tests/mpi/data/test_tensors.py does the same on several ranks, with numpy's own
 DLPack standing in for torch where torch is absent.
 """
 

@@ -3,7 +3,7 @@ optimizer wrapper's accumulation logic on one rank (``MPI.COMM_SELF``).
 
 The multi-rank behaviour (root's bytes everywhere, mismatches named on
 every rank, averaging equal to a hand-written allreduce) is in
-tests/mpi/test_training.py.
+tests/mpi/training/test_training.py.
 """
 
 import numpy as np

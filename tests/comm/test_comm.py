@@ -3,7 +3,7 @@
 With one rank a reduction is a copy, so these tests pin down what needs no
 peers: reading mpi4py buffer specs (counts, displacements, typecodes, which
 elements are touched), the native-or-pycollective decision and its reasons,
-errors, and the request life cycle.  tests/mpi/test_comm.py compares results
+errors, and the request life cycle.  tests/mpi/comm/test_comm.py compares results
 across ranks.
 """
 

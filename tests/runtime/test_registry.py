@@ -16,7 +16,7 @@ from pycollective.runtime import registry as _registry
 from pycollective import bench, model
 from pycollective.runtime.context import get_context
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PLUGINS = ROOT / "tests" / "plugins"
 
 
@@ -121,7 +121,7 @@ def test_a_new_algorithm_passes_the_parametrised_correctness_tests():
                PYTHONPATH=os.pathsep.join([str(PLUGINS), os.environ.get("PYTHONPATH", "")]))
     cmd = [str(ROOT / "scripts" / "run_mpi.sh"), "2", "-m", "pytest", "--with-mpi", "-v",
            "-p", "no:cacheprovider", "-p", "toy_plugin", "-k", "linear",
-           str(ROOT / "tests" / "mpi" / "test_allreduce.py")]
+           str(ROOT / "tests" / "mpi" / "collectives" / "test_allreduce.py")]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-5000:]
