@@ -12,7 +12,7 @@ How.  A compressor has two methods, in the manner of Horovod's
 travels, ``decompress(buf, ctx) -> array`` turns the reduced ``buf`` back.
 :func:`allreduce` compresses the send buffer, reduces the compressed buffer
 with the library's allreduce and decompresses into the receive buffer.  The
-reduction of two-byte buffers runs in :mod:`pycollective._kernels`, which
+reduction of two-byte buffers runs in :mod:`pycollective.data.kernels`, which
 widens both operands to float64 at every step and rounds the result once to
 the two-byte format: partial sums travel in two bytes, but no sum is ever
 formed in two-byte arithmetic.

@@ -1,16 +1,16 @@
 """Point-to-point helpers shared by the algorithm modules: tags, bounded waits, checked sizes.
 
 Tags: every algorithm declares the tags its messages use when it registers
-(:func:`pycollective._registry.register` refuses a tag already taken; the
+(:func:`pycollective.runtime.registry.register` refuses a tag already taken; the
 fold/unfold below reserve theirs here), so even a bug in one algorithm
 cannot make its messages match another's.  Each call adds an offset to
 those tags that encodes its collective, dtype, op and algorithm
-(:func:`pycollective._watch.tag_offset`): ranks that disagree on them send
+(:func:`pycollective.runtime.watch.tag_offset`): ranks that disagree on them send
 messages that can never match, so they stall and the side channel names who
 called what, instead of reducing each other's bytes.
 
 Waits: every wait is bounded and watches the side channel
-(:func:`pycollective._watch.waitall`).
+(:func:`pycollective.runtime.watch.waitall`).
 
 Sizes: a receive is checked to bring exactly the bytes it was posted for.
 MPI accepts a shorter message into a larger buffer without complaint, so
@@ -60,7 +60,7 @@ def _check(status, nbytes, source):
 
 
 def _waitall(requests, statuses, receives):
-    """``_watch.waitall``; a message longer than its buffer becomes a clear mismatch."""
+    """``runtime.watch.waitall``; a message longer than its buffer becomes a clear mismatch."""
     try:
         _watch.waitall(requests, statuses, waiting_for=_From(receives))
     except MPI.Exception as exc:

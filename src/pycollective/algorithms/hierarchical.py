@@ -12,7 +12,7 @@ then, once), and every emulated node must lie inside one real shared-memory
 node.  Local rank 0 of each node is its leader.
 
 Steps, with the node's n ranks and M elements split by
-:func:`~pycollective.partition` into n slices (see ``shm.py`` and ``_shmem.py``
+:func:`~pycollective.partition` into n slices (see ``algorithms/shm/allreduce.py`` and ``node/group.py``
 for the window, the sync and the two alternating regions):
 
 1. Copy-in: local rank i copies its input except slice i into its slot; sync.

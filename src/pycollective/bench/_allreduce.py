@@ -110,7 +110,7 @@ columns (single size, --M):
               comm.Allreduce's result, summed over ranks (worst call, warm-up
               calls included).
               The input data are small integers for which every reduction
-              order is exact (see pycollective._exact.exact_values), so
+              order is exact (see pycollective.bench._exact.exact_values), so
               the tolerance is 0: any difference is an error
   maxerr      largest |ours - native| over all elements, ranks, repetitions
   same        yes if every rank held bitwise-identical results after every
@@ -294,7 +294,7 @@ def sweep_counts(lo, hi, factor):
 class _Beliefs:
     """What ``algorithm="auto"`` believes on this communicator, from its own state.
 
-    The state (:func:`pycollective._auto.auto_for`) holds the parameters,
+    The state (:func:`pycollective.collectives.auto.auto_for`) holds the parameters,
     the layout, the algorithms that cannot run here and the decisions, so
     the predictions and the choice shown are the ones ``auto`` acts on.  One
     rank: nothing to predict (allreduce sends no message).

@@ -25,7 +25,7 @@ must be done the same way for every implementation:
 * after every call (warm-up calls included), outside the timing, the result
   is compared with the reference's result of the same repetition, bit for
   bit (tolerance 0: the input data make every reduction exact, see
-  :func:`pycollective._exact.fill_exact`), and its CRC-32 is kept;
+  :func:`pycollective.bench._exact.fill_exact`), and its CRC-32 is kept;
 * after every call, the CRC-32 of the send buffer is compared with the
   input's: a case that writes into its send buffer is blamed (and the input
   restored for the next case);
@@ -34,8 +34,8 @@ must be done the same way for every implementation:
   call), the largest error, whether all ranks held bitwise-identical
   results (CRC-32 after every call), and which cases touched their input.
 
-Exact input data come from :mod:`pycollective._exact` and timing from
-:mod:`pycollective._timing`; tables and the command line are the
+Exact input data come from :mod:`pycollective.bench._exact` and timing from
+:mod:`pycollective.bench._timing`; tables and the command line are the
 commands' (:mod:`pycollective.bench._cli`).
 """
 

@@ -1,12 +1,12 @@
 """Profiles of "shm" from the inside: the pieces of one small call, the phases of a large one.
 
 This is the one module of the benchmark that reaches past the public API,
-into the shared-memory primitives (:mod:`pycollective._shmem`,
-:mod:`pycollective._cma`), the algorithm's own state
+into the shared-memory primitives (:mod:`pycollective.node.group`,
+:mod:`pycollective.node.cma`), the algorithm's own state
 (:mod:`pycollective.algorithms.shm`), the fast path and the agreement step,
 so that a missed speed target can be explained by where the time goes.
 
-The phase breakdown replays :func:`~pycollective.algorithms.shm.shm_allreduce`
+The phase breakdown replays :func:`~pycollective.algorithms.shm.allreduce.shm_allreduce`
 step by step with a clock between the steps (the two paths: through the
 shared window, and single copy with ``process_vm_readv``) and checks the
 replayed result against native MPI, so a replay that drifted from the
@@ -19,7 +19,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from ..collectives import agree as _agree, plans as _fastpath
+from ..collectives import agree as _agree, plans as _plans
 from ..collectives import api as _api
 from ..collectives import options as _opts
 from ..node.atomics import CAN_SLEEP
@@ -118,9 +118,9 @@ def pieces(session, seconds):
             (off, None, whole, False),
             ("shm algorithm alone", off, lambda: shm.shm_allreduce(ctx, x, out, kernel), False),
             ("fast-path lookup, out of place", off,
-             lambda: _fastpath.lookup(x, out, MPI.SUM, comm, "shm", _api.DEFAULT), False),
+             lambda: _plans.lookup(x, out, MPI.SUM, comm, "shm", _api.DEFAULT), False),
             ("fast-path lookup, in place", off,
-             lambda: _fastpath.lookup(MPI.IN_PLACE, out, MPI.SUM, comm, "shm", _api.DEFAULT),
+             lambda: _plans.lookup(MPI.IN_PLACE, out, MPI.SUM, comm, "shm", _api.DEFAULT),
              False),
             ("window region + slot views", off, region, False),
             ("copy-in + kernel", off, copy_and_reduce, False),
@@ -230,7 +230,7 @@ def _single_copy_path(cross, src, dst, kernel):
     t1 = time.perf_counter()
     lo, hi = bounds[r], bounds[r + 1]
     reducing = 0.0
-    for b in range(lo, hi, block):  # as _node.cross_reduce, with a clock around the kernel
+    for b in range(lo, hi, block):  # as shm.common.cross_reduce, with a clock around the kernel
         e = min(b + block, hi)
         target = dst[b:e]
         for q in range(n):

@@ -36,7 +36,7 @@ data, and records per rank:
   Beside ``comm``, the prediction of :func:`pycollective.model.ledger.call_time`
   summed over those calls, with α, β (at the calls' chunk size) and γ (of
   the wire dtype) measured on the group just before
-  (:func:`pycollective.model.calibration.calibrate`, ring exchanges and
+  (:func:`pycollective.bench._calibration.calibrate`, ring exchanges and
   kernels only, about a second at N = 2); with ``calibrate=False`` from the
   model's saved calibration or built-in defaults instead.
 """
@@ -122,7 +122,7 @@ def _sleep_until_all_arrive(world):
 def replay(comms, calls, reps=7):
     """Seconds of ``calls`` ((collective, count, dtype name), as a step made them) run alone.
 
-    Each call runs blocking after a barrier (:func:`pycollective._timing.timed_call`),
+    Each call runs blocking after a barrier (:func:`pycollective.bench._timing.timed_call`),
     so neither skew nor overlap is in it; collective over ``comms.comm``.
     Returns ``(lower quartile over reps of the sum over calls, lower quartile
     of each call)``, each call's time the slowest rank's.

@@ -9,7 +9,7 @@ broadcast and every rank raises the same exception type; if the ranks
 disagree, every rank raises naming the fact and its range.
 
 The MAX runs through shared memory when every rank of the communicator is
-on one node (:class:`~pycollective._shmem.SharedMax`: a write, a flag
+on one node (:class:`~pycollective.node.group.SharedMax`: a write, a flag
 barrier, a read; its first sync also compares every rank's call header),
 else as one nonblocking ``MPI_Iallreduce`` waited for with a deadline.  An MPI collective costs
 several µs at 2 ranks and up to milliseconds when ranks outnumber cores, so

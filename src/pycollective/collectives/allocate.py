@@ -1,6 +1,6 @@
 """Public: :func:`shared_empty` and :func:`release`, node memory that ``shm`` reads in place.
 
-The allocations themselves live in :mod:`._shared`; this module is the
+The allocations themselves live in :mod`~pycollective.node.arrays`; this module is the
 public, collective side: the communicator's lock (bounded, like a
 collective's), every rank's arrival (bounded), then the allocation.
 """
@@ -10,7 +10,7 @@ import operator
 import numpy as np
 
 from ..runtime import settings as _settings, watch as _watch
-from ..node import arrays as _shared
+from ..node import arrays as _arrays
 from .call import hold, resolve_comm
 from ..runtime.context import comm_settings, get_context
 
@@ -57,7 +57,7 @@ def shared_empty(shape, dtype=np.float32, *, comm=None):
         raise TypeError("shared_empty: object arrays cannot be shared between processes")
     ctx = _entered(comm, "shared_empty")
     try:
-        return _shared.allocate(ctx, shape, dtype)
+        return _arrays.allocate(ctx, shape, dtype)
     finally:
         ctx.lock.release()
 
@@ -73,6 +73,6 @@ def release(array, *, comm=None) -> bool:
     array = np.asarray(array)
     ctx = _entered(comm, "release")
     try:
-        return _shared.forget(ctx, array)
+        return _arrays.forget(ctx, array)
     finally:
         ctx.lock.release()

@@ -5,7 +5,7 @@ some ranks waiting for messages that will not come:
 
 1. Local checks (buffers, dtype, op, algorithm) and kernel selection, before
    any message.  Kernel compilation happens here, outside anything timed.
-2. Agreement (on by default, see :func:`._options.set_check` and :mod:`._agree`): one
+2. Agreement (on by default, see :func`~pycollective.collectives.options.set_check` and :mod`~pycollective.collectives.agree`): one
    small MAX reduction carries each rank's error flag and its (count, dtype,
    op, algorithm).  If any rank failed its local checks, or the ranks
    disagree, every rank raises the same error.  With agreement off, errors
@@ -14,7 +14,7 @@ some ranks waiting for messages that will not come:
    rank-local mistake can leave the others waiting.
 3. Trivial cases (count 0, one rank) return without messages, identically
    on every rank.
-4. The algorithm is resolved: ``auto`` asks :mod:`._auto` (:mod:`._choose`
+4. The algorithm is resolved: ``auto`` asks :mod`~pycollective.collectives.auto` (:mod`~pycollective.collectives.choose`
    for the collectives other than allreduce; collective on a communicator's
    first automatic call, which is safe now that every rank agreed it is an
    automatic call); a named algorithm that cannot run on this communicator
@@ -22,8 +22,8 @@ some ranks waiting for messages that will not come:
 5. The algorithm runs on flat views of the buffers.
 
 Step 1 is each function's own (its ``local()``); steps 2 to 5 are the same
-for every collective and live in :mod:`._call`.  Repeated calls of one shape
-take :mod:`._fastpath` instead of steps 1-4 (allreduce only).  Buffers are read by :mod:`._buffers`: any buffer mpi4py
+for every collective and live in :mod`~pycollective.collectives.call`.  Repeated calls of one shape
+take :mod`~pycollective.collectives.plans` instead of steps 1-4 (allreduce only).  Buffers are read by :mod`~pycollective.data.buffers`: any buffer mpi4py
 accepts; device memory goes to the communicator's own MPI call instead.
 """
 
@@ -34,7 +34,7 @@ from typing import Callable, NamedTuple, Optional
 import numpy as np
 from mpi4py import MPI
 
-from . import auto as _auto, plans as _fastpath
+from . import auto as _auto, plans as _plans
 from ..data import buffers as _buffers
 from ..runtime import registry as _registry, watch as _watch
 from .. import compression as _compression
@@ -160,7 +160,7 @@ def allreduce(sendbuf, recvbuf, op=MPI.SUM, *, comm=None, algorithm: str = "auto
     if compress is not None:
         return _compression.allreduce(allreduce, sendbuf, recvbuf, op, compress, comm=comm,
                                       algorithm=algorithm, timeout=timeout)
-    hit = _fastpath.lookup(sendbuf, recvbuf, op, comm, algorithm, timeout)
+    hit = _plans.lookup(sendbuf, recvbuf, op, comm, algorithm, timeout)
     if hit is not None:
         run_remembered(*hit)
         return recvbuf
@@ -193,7 +193,7 @@ def allreduce(sendbuf, recvbuf, op=MPI.SUM, *, comm=None, algorithm: str = "auto
         if dst.size == 0:
             return recvbuf
         algo = _resolve_algorithm(ctx, checked)
-        _fastpath.remember(ctx, algorithm, op, timeout, algo, checked.kernel, dst,
+        _plans.remember(ctx, algorithm, op, timeout, algo, checked.kernel, dst,
                            tuple(checked.facts) + settings_facts(call.settings), call)
         run_algorithm(call, algo.run, ctx, src, dst, checked.kernel)
     finally:

@@ -27,7 +27,7 @@ and the same on every rank:
   reduction over the ranks (the slowest rank's time).  Decisions are taken
   from agreed times only, so every rank runs the same candidate in the same
   call and settles on the same winner.  The fast path never keeps a trial
-  (``_fastpath.remember`` skips a :class:`Trial`), so nothing freezes a
+  (``collectives.plans.remember`` skips a :class:`Trial`), so nothing freezes a
   choice before its class is tuned.
 * Every decision is logged at DEBUG level on the ``"pycollective"`` logger
   and kept per class in the context (and, with ``PYCOLLECTIVE_AUTO=FILE``,
@@ -349,7 +349,7 @@ def _load_everything():
 
 def _layout_aware(layout: Layout):
     """The allreduce algorithms auto always times on ``layout`` where they can run (see
-    ``_registry``'s ``layout_aware``)."""
+    ``runtime.registry``'s ``layout_aware``)."""
     return [n for n in _registry.names() if _registry.get(n).times_always(layout)]
 
 

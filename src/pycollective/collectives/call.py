@@ -1,6 +1,6 @@
 """The path every public collective call takes: settings, agreement, bounded waits, failures.
 
-:mod:`._collectives` checks a call's own arguments (``local()``); what
+:mod`~pycollective.collectives.api` checks a call's own arguments (``local()``); what
 follows is the same for every collective and lives here:
 
 * :func:`prepare`: the local checks, then, on several ranks, the call's start
@@ -12,8 +12,8 @@ follows is the same for every collective and lives here:
 * :func:`leave`: the end of the call (in a ``finally``).
 * :func:`call_collective`: those three for the collectives other than
   allreduce, whose checked arguments are a :class:`Checked`, with ``auto``
-  resolved by :mod:`._choose`; :func:`run_remembered`: allreduce's repeated
-  shape (:mod:`._fastpath`).
+  resolved by :mod`~pycollective.collectives.choose`; :func:`run_remembered`: allreduce's repeated
+  shape (:mod`~pycollective.collectives.plans`).
 """
 
 from typing import Callable, NamedTuple, Optional
@@ -196,10 +196,10 @@ def comm_shape(comm):
 
 
 def run_remembered(ctx, plan, src, dst) -> None:
-    """An allreduce of a shape :mod:`._fastpath` remembers (what its ``lookup`` returned):
+    """An allreduce of a shape :mod`~pycollective.collectives.plans` remembers (what its ``lookup`` returned):
     its plan, its agreement, its run.
 
-    Where the plan has a fast way (``plan.fast``, see :mod:`._fastpath`) and
+    Where the plan has a fast way (``plan.fast``, see :mod`~pycollective.collectives.plans`) and
     the communicator is free, the call is numbered and run without a call
     record; the record is made only if the fast way hands the call back
     unfinished (a slow rank, a disagreement, an exception), and what follows

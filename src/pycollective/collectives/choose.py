@@ -4,7 +4,7 @@ The rule: of the algorithms registered for the collective that can run on
 the communicator (their ``usable(ctx)`` gives no reason), the one whose
 registered α-β-γ cost is smallest for (N, M, element size), with rank 0's
 calibrated α, β and γ (the allreduce calibration, shared through
-:func:`pycollective._auto.auto_for`, so every rank holds the same numbers
+:func:`pycollective.collectives.auto.auto_for`, so every rank holds the same numbers
 and makes the same choice).  Ties go to the earlier registered algorithm.
 Unlike allreduce's choice it applies no measured/model corrections (the
 calibration measures allreduce only), so it is as good as the cost

@@ -2,10 +2,10 @@
 
 The process's and a communicator's settings that every rank must share
 (:func:`set_check`, :func:`set_timeout`; their values live in
-:mod:`._settings`), and which algorithms each collective has and which of
+:mod`~pycollective.runtime.settings`), and which algorithms each collective has and which of
 them can run on a communicator (:func:`algorithms`,
 :func:`usable_algorithms`, :func:`unusable_algorithms`).  The collectives
-themselves are :mod:`._collectives`.
+themselves are :mod`~pycollective.collectives.api`.
 """
 
 from typing import List
@@ -20,7 +20,7 @@ __all__ = ["COLLECTIVES", "algorithms", "usable_algorithms", "unusable_algorithm
            "set_check", "set_timeout", "check_enabled"]
 
 #: The collectives with algorithms of their own, as ``collective=`` of
-#: :func:`algorithms` and :func:`pycollective._registry.register` name them.
+#: :func:`algorithms` and :func:`pycollective.runtime.registry.register` name them.
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "bcast", "reduce")
 
 

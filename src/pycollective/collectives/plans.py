@@ -13,7 +13,7 @@ same vector, one small reduction); when the reduced vector is not what
 agreeing ranks produce, the full verdict raises the same error as the full
 path would.  Where the algorithm's prepared call has a fast way (``Plan.fast``,
 "shm" below 1 MiB), the call is numbered and run without a call record until
-it needs one (``_call.run_remembered``).
+it needs one (``collectives.call.run_remembered``).
 """
 
 import functools

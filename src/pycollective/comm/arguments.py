@@ -2,10 +2,10 @@
 
 :class:`pycollective.Comm` (``comm.py``) builds one plan per replaced call,
 before any message, and runs it, blocking or on the helper thread
-(``_nonblocking.py``).
+(``comm/nonblocking.py``).
 
 * Each replaced call reads its buffer arguments the way mpi4py does
-  (:mod:`pycollective._buffers`: any buffer, CPU DLPack tensors, ``[buf,
+  (:mod:`pycollective.data.buffers`: any buffer, CPU DLPack tensors, ``[buf,
   datatype]``, ``[buf, count, datatype]``, ``[buf, (count, displ),
   datatype]``, ``[buf, count, displ, datatype]``, vector specs with counts
   and displacements, datatypes as ``MPI.FLOAT`` or typecodes like ``"f"``;
@@ -29,7 +29,7 @@ before any message, and runs it, blocking or on the helper thread
 * A buffer argument that cannot be read on one rank (not a buffer, count
   larger than the buffer, unknown typecode, a strided tensor) still takes
   part in the collective: the rank enters the same pycollective call with an
-  :class:`~pycollective._buffers.Invalid` argument, so the agreement step
+  :class:`~pycollective.data.buffers.Invalid` argument, so the agreement step
   makes every rank raise ("invalid arguments on rank r: ...") instead of
   waiting, and the rank itself raises the precise error, mpi4py's type
   included (``BufferError`` for a strided or read-only tensor).

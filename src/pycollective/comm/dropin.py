@@ -18,7 +18,7 @@ How it is built
   constructors of new communicators (``Dup``, ``Split``, ``Create``, ...)
   return wrapped communicators with the same algorithms.
 * Each replaced call's arguments are read, before any message, into a plan
-  (:mod:`pycollective._plans`): pycollective's call on numpy views of the
+  (:mod:`pycollective.comm.arguments`): pycollective's call on numpy views of the
   buffers, the wrapped communicator's own call (a fallback, logged once per
   reason), or the error of an unreadable argument, raised on every rank.
 * ``algorithm``: one name for every collective that has an algorithm of that
@@ -29,7 +29,7 @@ Nonblocking collectives
 -----------------------
 ``Iallreduce`` and the other nonblocking forms return a
 :class:`pycollective.Request`, completed by one helper thread per
-communicator (:mod:`pycollective._nonblocking` says how they overlap).
+communicator (:mod:`pycollective.comm.nonblocking` says how they overlap).
 
 As with MPI, the send buffer must not be modified and the receive buffer is
 undefined until the request completes; pycollective itself never writes to

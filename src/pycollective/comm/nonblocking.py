@@ -3,7 +3,7 @@
 ``Iallreduce`` and the other nonblocking forms return a :class:`Request`.
 With ``MPI_THREAD_MULTIPLE`` (mpi4py's default) each communicator gets, on
 its first nonblocking call, one helper thread with its OWN private duplicate
-of the communicator (not the one :func:`pycollective._context.get_context`
+of the communicator (not the one :func:`pycollective.runtime.context.get_context`
 caches for blocking calls, so messages of the two threads can never match
 each other and the two never share scratch buffers).  Requests are queued
 and run one after the other in submission order, which is the same on every

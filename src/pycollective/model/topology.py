@@ -3,7 +3,7 @@
 Two records, both plain data (this module sends no message and reads no file):
 
 * :class:`Layout` -- facts about a communicator that the library finds once
-  with MPI (``_auto`` builds it from ``Split_type(COMM_TYPE_SHARED)``): how
+  with MPI (``collectives.auto`` builds it from ``Split_type(COMM_TYPE_SHARED)``): how
   many ranks each node holds, whether a node's ranks are consecutive, how
   many cores each node lets them use, and the cache of one core.  It gives
   the oversubscription (ranks per core) that the model's defaults scale by.

@@ -4,7 +4,7 @@ The model ranks the algorithms; on a machine it has never measured, or
 across nodes whose links it only guesses, its first choice can be far off.
 So ``auto`` times the few it ranks best on the user's own calls before it
 settles.  This module is the bookkeeping of that, and nothing else: it sends
-no message and measures nothing.  :mod:`pycollective._auto` runs the trials
+no message and measures nothing.  :mod:`pycollective.collectives.auto` runs the trials
 on the real communicator, each a complete, correct allreduce of the caller's
 data, times them, agrees on the times across ranks (the slowest rank's) and
 feeds the agreed times here, so every rank reaches the same decision.
@@ -79,7 +79,7 @@ SHORT_CALL = 1e-3
 PRUNE = 1.5
 BURST = 4  # consecutive calls of a candidate per round, for calls under SHORT_CALL
 # (a round's MAX_CANDIDATES * BURST times are agreed in one row of the node's board,
-# _shmem._BOARD_WIDTH = 24 int64: tests/model/test_tuning.py checks that they fit)
+# node.group._BOARD_WIDTH = 24 int64: tests/model/test_tuning.py checks that they fit)
 
 
 def _in_bursts(rounds: int) -> int:

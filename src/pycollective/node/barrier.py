@@ -1,7 +1,7 @@
 """A barrier through counters in shared memory (:class:`FlagBarrier`), and how ranks wait on it.
 
-The counters live in a node's control segment (see :mod:`._shmem`); raising
-one and waiting for the others is :mod:`._atomics`' work, from Python and
+The counters live in a node's control segment (see :mod`~pycollective.node.group`); raising
+one and waiting for the others is :mod`~pycollective.node.atomics`' work, from Python and
 from compiled steps.  :func:`wait_modes` decides, once per node, whether
 waiting ranks spin or sleep.
 """
@@ -26,7 +26,7 @@ class FlagBarrier:
     """A barrier through counters in shared memory, one cache line per rank.
 
     ``sync(target)`` stores this rank's data (a full fence first), raises its
-    counter to ``target`` (:func:`~pycollective._atomics.raise_counter`,
+    counter to ``target`` (:func:`~pycollective.node.atomics.raise_counter`,
     which also wakes ranks asleep on it), waits until every other counter
     has reached it, and fences again before the caller loads what the others
     stored.  A few cache-line transfers instead of an MPI_Barrier's
@@ -38,7 +38,7 @@ class FlagBarrier:
     cores, the rank it waits for is often not running at all, so it yields
     the core at every check, and after a few hundred checks it sleeps in the
     kernel until that rank's counter moves
-    (:func:`~pycollective._atomics.wait_counters`), and the core goes to a
+    (:func:`~pycollective.node.atomics.wait_counters`), and the core goes to a
     rank with work to do.  Sleeps are bounded (:data:`FIRST_SLEEP_NS`,
     doubling up to :data:`LONGEST_SLEEP_NS`), and between them the rank
     acts on its deadline and side channel (:class:`_watch.Waiter`: a stalled
@@ -62,7 +62,7 @@ class FlagBarrier:
         budget: ``(spins, yield_mask, sleep_ns, sleeps)``: how long
             ``wait_counters`` waits before it hands the wait back to
             Python; kept beside this rank's counter for compiled steps
-            (``_atomics.set_budget``), with ``wakes``.
+            (``node.atomics.set_budget``), with ``wakes``.
     """
 
     def __init__(self, flags, rank, size, progress=None, sleep=False, wakes=None):

@@ -44,7 +44,7 @@ class CrossMemory:
     """Reads of another rank's private memory by address (``process_vm_readv``).
 
     Ranks publish their buffers' addresses and sizes in their headers of a
-    :class:`~pycollective._shmem.NodeGroup`; a reader copies straight from
+    :class:`~pycollective.node.group.NodeGroup`; a reader copies straight from
     the owner's array, so no rank has to stage its input in shared memory
     first.  A read is refused unless it lies inside the size the owner
     published, so ranks that disagree on the size can never read past the

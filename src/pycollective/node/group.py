@@ -3,9 +3,9 @@
 The primitives the shared-memory algorithms ("shm", "hierarchical") and the
 agreement step are built from.
 
-* :class:`~pycollective._segment.Segment` (its own module): memory mapped by
+* :class:`~pycollective.node.segment.Segment` (its own module): memory mapped by
   every rank of a node, never named in ``/dev/shm`` for longer than the set-up.
-* :class:`~pycollective._barrier.FlagBarrier` (its own module): the counters'
+* :class:`~pycollective.node.barrier.FlagBarrier` (its own module): the counters'
   barrier, spinning or sleeping.
 * :class:`NodeGroup`: the ranks of a communicator that share memory, with a
   small control segment holding a counter per rank (the barrier), a header
@@ -50,7 +50,7 @@ _ALIGN = 4096
 # Control segment layout, in int64 words.
 _FLAG_WORDS = STRIDE         # one 64-byte cache line per rank: counter, sleepers
 FP_WORDS = 16                # a header: call number, fingerprint (9 words), padding
-_CMA_WORDS = 8               # per rank: pid, src/dst address, nbytes; src/dst in _shared
+_CMA_WORDS = 8               # per rank: pid, src/dst address, nbytes; src/dst in node.arrays
 _OK_WORDS = 8                # per rank: "I mapped the new segment"
 _MAIL_WORDS = 64             # rank 0's mailbox (pickled, for segment exchange)
 _BOARD_WIDTH = 24            # int64 per agreement row (3 + 2 facts x 10, padded)
@@ -117,7 +117,7 @@ class NodeGroup:
         self.barrier = FlagBarrier(view["flags"], self.rank, n, progress, sleep, wakes)
         self._number, self._step, self._published, self._last = -1, 0, 0, 0
         self._unchecked = None  # this call's headers, until a sync checks them
-        self.cma[self.rank, 4:] = -1  # no shared allocation published (see _shared)
+        self.cma[self.rank, 4:] = -1  # no shared allocation published (see node.arrays)
         comm.Barrier()  # every counter is zero before anyone waits on it
 
     # -- steps: every call's first sync publishes and checks the headers -------------------
@@ -174,7 +174,7 @@ class NodeGroup:
     def opening_steps(self, number, steps):
         """:meth:`compiled_step` with ``check`` for the first ``steps`` syncs of a new call
         numbered ``number``, for a caller without a call record (the repeated call's fast
-        way, ``algorithms/_shm_steps.py``).  Returns the first target (the others follow it
+        way, ``algorithms/shm/steps.py``).  Returns the first target (the others follow it
         by one) and which header set to publish into, which the first sync also checks:
         ``headers[side]`` (0 or 1)."""
         side = self._published & 1
@@ -280,7 +280,7 @@ class SharedMax:
     """Element-wise MAX over a node's ranks of a small int64 vector, through shared memory.
 
     What the agreement step of every pycollective call needs (see
-    ``_agree``), without an MPI collective: each rank writes its vector into
+    ``collectives.agree``), without an MPI collective: each rank writes its vector into
     its row of the board, one sync, each rank reads all rows.  Two boards are
     used alternately, so the next call can write while a slow rank still
     reads the last one (it cannot reach the board of call k+2 before every
@@ -442,7 +442,7 @@ def copy_in(src, mine, rank, bounds, copy=None):
     """Copy ``src`` into the own slot ``mine``, except this rank's slice.
 
     ``copy(dst, src)``: how to copy (the slot path above 1 MiB may pass one
-    with non-temporal stores, ``shm.py``); numpy's assignment if None.
+    with non-temporal stores, ``algorithms/shm/allreduce.py``); numpy's assignment if None.
     """
     lo, hi = bounds[rank], bounds[rank + 1]
     if lo:

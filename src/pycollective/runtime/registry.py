@@ -35,7 +35,7 @@ class Algorithm:
     ``run(ctx, src, dst, kernel)`` reduces the flat arrays ``src`` of every
     rank into ``dst`` on every rank.  ``src`` is read only and may be the
     same array as ``dst`` (in place); ``ctx`` is the private
-    :class:`~pycollective._context.Context` (size > 1 and count > 0 are
+    :class:`~pycollective.runtime.context.Context` (size > 1 and count > 0 are
     guaranteed by the caller); ``kernel(a, b, out)`` is the reduction.
     ``cost``, where given, is the algorithm's α-β-γ time model
     ``cost(nranks, count, itemsize, alpha, beta, gamma) -> seconds``.
@@ -57,11 +57,11 @@ class Algorithm:
     ``repeated(ctx, dst, kernel, board) -> run or None``, where
     ``run(ctx, call, values, src, dst)`` does what ``agreed`` does for
     buffers of ``dst``'s dtype and size, with what ``agreed`` looks up on
-    every call resolved once (:mod:`pycollective._fastpath` keeps it).  It
+    every call resolved once (:mod:`pycollective.collectives.plans` keeps it).  It
     must not be collective to prepare, and must fall back to ``agreed``
     whenever what it resolved no longer holds.  ``run`` may also have a fast
     way, ``run.fast(number, plan, src, dst)``: the call numbered ``number``
-    without its record (``_call.run_remembered``), the plan's ``template``
+    without its record (``collectives.call.run_remembered``), the plan's ``template``
     its agreement vector; it returns None once the call is done, else the
     rest of the call as a ``run``, which the caller runs with the record.
     ``layout_aware``: its speed depends on how the ranks share nodes, cores

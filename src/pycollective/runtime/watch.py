@@ -93,7 +93,7 @@ def begin(ctx, what, fingerprint, settings, tag_offset=0, words=None, number=Non
     The caller holds ``ctx.lock``, so numbers follow the order of calls on
     the communicator, which MPI requires to be the same on every rank.
     ``number``: the call was numbered already (``ctx.calls``, by a caller that
-    needs its record only now: the repeated call's fast way, ``_call.py``).
+    needs its record only now: the repeated call's fast way, ``collectives/call.py``).
     """
     if number is None:
         ctx.calls += 1

@@ -25,7 +25,7 @@ waits, so a rank that never arrives gives ``CollectiveTimeout``.
 
 Broadcast buckets.  :func:`broadcast_parameters` packs the arrays' bytes,
 in order, into buckets of at most ``cap_bytes`` (the rule of
-:func:`pycollective.bucketing.bucket_layout`; an array larger than the cap
+:func:`pycollective.training.bucketing.bucket_layout`; an array larger than the cap
 has a bucket of its own) and broadcasts each with :func:`pycollective.bcast`,
 which pipelines large buffers (algorithms ``chain``, ``scatter_allgather``).
 A bucket is raw bytes, not one dtype: a broadcast copies bytes and computes

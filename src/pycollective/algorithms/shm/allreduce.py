@@ -12,18 +12,18 @@ allows it): each rank publishes the addresses and size of its ``src`` and
 slice i of every other rank's ``src`` with ``process_vm_readv`` (Linux
 cross-memory attach), block by block and peer by peer, each block just
 before the kernel folds it into ``dst`` so that the kernel reads it back
-from cache (:func:`~pycollective.algorithms._node.cross_reduce`); sync; rank i reads
+from cache (:func:`~pycollective.algorithms.shm.common.cross_reduce`); sync; rank i reads
 slice q of rank q's ``dst`` straight into its own ``dst`` for every q != i;
 sync (nobody returns, and lets its ``dst`` change, while others read it).
 Nothing is staged through shared memory and the caller's buffers are read
 where they are.  Whether the system allows it is probed once per
 communicator and agreed by all ranks; ``PYCOLLECTIVE_SHM_CMA=0`` turns it off.
 The shared segments, the barrier and the cross-memory reader live in
-``_shmem.py`` and ``_cma.py``, the compiled steps' Python side in
-``_shm_steps.py``; this module is the algorithm.
+``node/group.py`` and ``node/cma.py``, the compiled steps' Python side in
+``algorithms/shm/steps.py``; this module is the algorithm.
 
 Shared slots (smaller messages, or no cross-memory reads): each rank owns a
-slot of a shared segment (:class:`~pycollective._shmem.SharedSlots`) big
+slot of a shared segment (:class:`~pycollective.node.group.SharedSlots`) big
 enough for the whole vector; slot q is a plain numpy view on every rank.
 
 1. Copy-in: rank i copies its input *except its own slice* into its slot.  Its
@@ -54,7 +54,7 @@ of KB): same targets, headers and left fold, so a call may mix it with the
 Python steps; a wait that runs long is handed back to Python (the deadline,
 the side channel) and the compiled call resumes after it.
 
-Shared allocations (``pycollective.shared_empty``, :mod:`.._shared`): in the
+Shared allocations (``pycollective.shared_empty``, :mod`~pycollective.node.arrays`): in the
 calls above 1 MiB, which end with a sync, each rank also publishes where its
 ``src`` and ``dst`` lie in the node's shared allocations.  Peer by peer, a
 shared ``src`` is read as a view (no copy-in into the slot, no
@@ -69,7 +69,7 @@ Results are bitwise identical on all ranks: each element is computed once
 (sliced paths) or by the same operations on the same bits everywhere (small
 path).
 
-Sync is the node group's :class:`~pycollective._shmem.FlagBarrier`: memory
+Sync is the node group's :class:`~pycollective.node.group.FlagBarrier`: memory
 fences around counters in shared memory, a few cache-line transfers instead
 of an ``MPI_Barrier``; waiting ranks keep MPI progress going, yield the core
 (and, where ranks outnumber cores, sleep in ``futex(2)`` until the awaited
@@ -100,7 +100,7 @@ node a transfer *is* a memory copy), and the reduction of f·M·s bytes at γ:
 import math
 import time
 
-from ...node import cma as _cma, arrays as _shared
+from ...node import cma as _cma, arrays as _arrays
 from ...runtime import env as _env, watch as _watch
 from ...runtime.context import Key
 from ..._errors import ConfigurationError
@@ -132,8 +132,8 @@ def shm_allreduce_on(node, src, dst, kernel, shared=None, stores=None):
     The first sync of the call (inside ``begin`` when the slots grow, else
     the one after the copy-in) compares every rank's header, so no rank
     reads the others' slots unless all agree on count, dtype, op and call.
-    ``shared``: the context's :class:`~pycollective._shared.Registry`, if any.
-    ``stores``: a :class:`._shm_steps.Stores` for this size, which says
+    ``shared``: the context's :class:`~pycollective.node.arrays.Registry`, if any.
+    ``stores``: a :class`~pycollective.algorithms.shm.steps.Stores` for this size, which says
     whether a call above ``DOUBLE_LIMIT`` writes the slot with plain or
     non-temporal stores (see ``_ShmState.stores_for``); plain stores if None.
     """
@@ -246,7 +246,7 @@ class _ShmState:
                 cross.free()
 
     def stores_for(self, nbytes):
-        """The slot path's :class:`._shm_steps.Stores` for calls of ``nbytes`` above
+        """The slot path's :class`~pycollective.algorithms.shm.steps.Stores` for calls of ``nbytes`` above
         ``DOUBLE_LIMIT`` (None below: those run :mod:`._mid` or need no choice).
 
         There the slots no longer fit a core's 2 MiB L2 beside the input and
@@ -296,22 +296,22 @@ def shm_allreduce(ctx, src, dst, kernel):
         raise ConfigurationError(state.error)
     call = _watch.current()
     if state.cross is not None and dst.nbytes > SINGLE_COPY_BYTES:
-        cma_allreduce_on(state.cross, src, dst, kernel, _shared.registry_of(state.node.group, ctx))
+        cma_allreduce_on(state.cross, src, dst, kernel, _arrays.registry_of(state.node.group, ctx))
     elif _steps.compiled(state, call, dst):
         _steps.small_data(state.node, call, src, dst)
     elif _steps.mid_compiled(state.node, call, dst):
         _steps.mid_data(state.node, call, src, dst)
     else:
-        shm_allreduce_on(state.node, src, dst, kernel, _shared.registry_of(state.node.group, ctx),
+        shm_allreduce_on(state.node, src, dst, kernel, _arrays.registry_of(state.node.group, ctx),
                          state.stores_for(dst.nbytes))
 
 
 def shm_agreed(ctx, src, dst, kernel, values, board):
     """shm with the agreement in the same compiled step (the registry's ``agreed``).
 
-    Small messages take :func:`._shm_steps.small_agreed`: the agreement row
+    Small messages take :func`~pycollective.algorithms.shm.steps.small_agreed`: the agreement row
     and the data posted together, one synchronisation; the sliced sizes up
-    to 1 MiB :func:`._shm_steps.mid_agreed`, the row posted with the
+    to 1 MiB :func`~pycollective.algorithms.shm.steps.mid_agreed`, the row posted with the
     copy-in; larger ones (or slots not grown yet) run the agreement through
     the board, then the algorithm.  Either way the first sync is the
     agreement's, with the same target, board and header as the Python path's.

@@ -4,10 +4,10 @@ What these four algorithms share, built once per communicator (collective
 on first use, the same on every rank):
 
 * :class:`NodeState`: the node group of all the communicator's ranks
-  (:func:`~pycollective._shmem.whole_node`, the same group the agreement
+  (:func:`~pycollective.node.group.whole_node`, the same group the agreement
   step and allreduce's "shm" use, so all their syncs follow one sequence),
-  its own :class:`~pycollective._shmem.SharedSlots`, and, where the system
-  allows it, a :class:`~pycollective._cma.CrossMemory` reader -- or the
+  its own :class:`~pycollective.node.group.SharedSlots`, and, where the system
+  allows it, a :class:`~pycollective.node.cma.CrossMemory` reader -- or the
   reason they cannot run (the communicator spans nodes).
 * :func:`reduce_range`: combine elements ``[lo, hi)`` of every rank's input,
   operands in rank order 0..N-1, into ``out``; the peers' operands come from
@@ -103,14 +103,14 @@ def cross_reduce(cross, src, out, lo, hi, kernel, block_bytes=None, direct=None)
     partial result, two staged blocks and the own block stay within L2.
 
     Args:
-        cross: the node's :class:`~pycollective._cma.CrossMemory`.
+        cross: the node's :class:`~pycollective.node.cma.CrossMemory`.
         src: this rank's input (its operand is ``src[lo:hi]``, the peers'
             the same element range of theirs).
         out: ``hi - lo`` elements; may alias ``src[lo:hi]`` (in place).
         kernel: the reduction; operands are folded in rank order 0..N-1.
         block_bytes: bytes per operand and block (default ``CROSS_BLOCK_BYTES``).
         direct: per node rank, that rank's ``src`` as a view here where it is a
-            shared allocation (:mod:`.._shared`), read in place; else None.
+            shared allocation (:mod`~pycollective.node.arrays`), read in place; else None.
     """
     n, r = cross.size, cross.rank
     if hi <= lo:

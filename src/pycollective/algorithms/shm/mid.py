@@ -2,7 +2,7 @@
 
 Between the small path (every rank reduces the whole vector, :mod:`._small`)
 and the single-copy path above 1 MiB, "shm" stages the data in the slots'
-two alternating regions: rank i owns slice i of the result (see ``shm.py``).
+two alternating regions: rank i owns slice i of the result (see ``algorithms/shm/allreduce.py``).
 In Python that is a dozen calls and two synchronisations per allreduce
 (a call of 40 KB on two ranks: 22-27 µs, 16-21 µs with this module;
 docs/results/mid.md).  Here the same protocol runs as one
@@ -21,7 +21,7 @@ barrier target as the Python path's:
 2. copy-out: slice q of the result from slot q into ``dst`` for every q != i.
 
 A wait that runs out of this rank's budget (kept beside its counter, see
-``_atomics``) returns ``LATE`` and the phase to resume from: Python waits on
+``node.atomics``) returns ``LATE`` and the phase to resume from: Python waits on
 with the call's deadline and side channel and calls again from that phase.
 The targets and the header sets come from ``NodeGroup.compiled_step``, one
 call per synchronisation, so a call may mix compiled and Python steps and
@@ -36,7 +36,7 @@ rank that agrees took that longer way (``UNFOLDED``, see ``_small``) the
 others follow it.
 
 The reduction is the Python path's left fold by the same kernels
-(``_kernels``), float16 on its bit patterns (uint16 views), so results are
+(``data.kernels``), float16 on its bit patterns (uint16 views), so results are
 bitwise the same whichever path a call takes.
 """
 
@@ -187,7 +187,7 @@ def _post(flags, rank, target, flat, stride, base, src, bounds, headers, number,
           nontemporal):
     """Phase 0's writes (copy-in, and the header where ``headers`` has rows), then the counter.
 
-    ``nontemporal``: copy in past this core's cache (see ``_shm_steps.Stores``)."""
+    ``nontemporal``: copy in past this core's cache (see ``algorithms.shm.steps.Stores``)."""
     lo, hi = bounds[rank], bounds[rank + 1]
     _copy_in(_slot(flat, stride, base, rank, 0, lo), src[:lo], nontemporal)
     _copy_in(_slot(flat, stride, base, rank, hi, src.shape[0]), src[hi:], nontemporal)
@@ -284,7 +284,7 @@ def agreed_step(flags, rank, size, first, second, board, values, flat, stride, b
                    op)
 
 
-# --- the folded step of a prepared call (``_shm_steps.RepeatedMid``), by address -----------
+# --- the folded step of a prepared call (``algorithms.shm.steps.RepeatedMid``), by address -----------
 # Control words after the shared ones (``_small.FLAGS`` .. ``_small.OP``, the
 # op with HALF added for float16): the whole segment as one array, the
 # slot stride, each region's base (bit 1 of ``sides``), the slice bounds.

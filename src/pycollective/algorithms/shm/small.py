@@ -1,7 +1,7 @@
 """The small-message path of "shm" as compiled code, the agreement included.
 
 For a vector of at most 4 KiB every rank copies its input into its slot and
-every rank reduces all slots in rank order (see ``shm.py``).  In Python that
+every rank reduces all slots in rank order (see ``algorithms/shm/allreduce.py``).  In Python that
 is a dozen calls and two synchronisations per allreduce; here each step of
 the same protocol is one compiled call:
 
@@ -249,9 +249,9 @@ def agreed_step_half(flags, rank, size, target, board, values, rows, src, header
 
 
 # --- the folded step of a prepared call, its arrays by address ----------------------------
-# A repeated call (``_shm_steps.RepeatedSmall``, ``RepeatedMid``) passes the
+# A repeated call (``algorithms.shm.steps.RepeatedSmall``, ``RepeatedMid``) passes the
 # same arrays every time: it keeps their addresses in one int64 array of
-# control words, and the step takes its views again inside (``_views``):
+# control words, and the step takes its views again inside (``node.views``):
 # three arrays and three integers to type on entry instead of 13-18
 # arguments.  The arrays that alternate between calls (the agreement
 # boards, the header sets, the slot regions) have two words each; ``sides``

@@ -1,6 +1,6 @@
 """shm's compiled steps from Python: the glue and the prepared repeated calls.
 
-``shm.py`` is the algorithm (its protocol, the Python steps, the single
+``algorithms/shm/allreduce.py`` is the algorithm (its protocol, the Python steps, the single
 copy, the state, the cost); the small and sliced paths also run as one
 compiled call each (:mod:`._small`, :mod:`._mid`).  This module is what
 stands between the two: which calls the compiled steps run
@@ -11,7 +11,7 @@ disagree, a rank that went the longer way, headers that differ).
 
 :class:`RepeatedSmall` and :class:`RepeatedMid` are the same calls prepared
 for one dtype and size (the registry's ``repeated``), with the fast way of
-``_call.run_remembered`` (``fast``: the call numbered, its compiled step,
+``collectives.call.run_remembered`` (``fast``: the call numbered, its compiled step,
 no call record unless the step hands the call back).  The fast way passes
 the arrays that stay the same call after call (flags, boards, header sets,
 slots, agreement template, fingerprint) by address, in control words built
@@ -302,7 +302,7 @@ def _slice_bounds(count, size):
 
 class _Repeated:
     """shm's agreed call for the repeated calls of one dtype and size (the registry's
-    ``repeated``; :mod:`pycollective._fastpath` keeps it in the call's plan).
+    ``repeated``; :mod:`pycollective.collectives.plans` keeps it in the call's plan).
 
     What :func:`small_agreed` and :func:`mid_agreed` look up on every call
     (the state, the slot views of both regions, the compiled step and its
@@ -396,7 +396,7 @@ class RepeatedSmall(_Repeated):
 
     def fast(self, number, plan, src, dst):
         """The call numbered ``number`` as one compiled step and its bookkeeping; None once
-        done, else the rest (see ``_call.run_remembered``)."""
+        done, else the rest (see ``collectives.call.run_remembered``)."""
         node = self.node
         if node is None or node.segment is not self.segment:
             return self  # nothing done yet: the whole call, with its record

@@ -1,6 +1,6 @@
 """DLPack, read as mpi4py reads it: a CPU tensor viewed in place, its capsule kept alive.
 
-See the package docstring (:mod:`pycollective._buffers`) for why it is not
+See the package docstring (:mod:`pycollective.data.buffers`) for why it is not
 ``np.from_dlpack``.
 """
 
