@@ -41,7 +41,8 @@
 # this many timed repetitions), WARMUP (2), BUDGET (6 s of timed repetitions
 # per size, all algorithms together, at least 3 repetitions), CALIBRATE (1:
 # calibrate the model first at every N, or on every emulated layout, into the
-# results directory, for the predictions; 0: none), ALGOS ("all auto"), OUT (the results directory), PYTHON
+# results directory, for the predictions; 0: none), ALGOS ("all auto"), PLOT (1: the plots,
+# which need matplotlib; 0: none), OUT (the results directory), PYTHON
 # (default: python3 on PATH), PYCOLLECTIVE_TIMEOUT (per launch, 3600 s).  The
 # bench's progress bar shows when this script's stderr is a terminal.
 set -u
@@ -57,6 +58,7 @@ CALIBRATE=${CALIBRATE:-1}
 HOSTS=${HOSTS:-}
 LINK=${LINK:-}
 ALGOS=${ALGOS:-"all auto"}
+PLOT=${PLOT:-1}
 export PYTHON=${PYTHON:-$(command -v python3 || command -v python)}
 export PYCOLLECTIVE_TIMEOUT=${PYCOLLECTIVE_TIMEOUT:-3600}
 
@@ -121,7 +123,8 @@ for layout in $layouts; do
     # shellcheck disable=SC2086
     args=(-m pycollective.bench $ALGOS --mincount 1 --maxcount "$MAXCOUNT"
           --stepfactor "$FACTOR" --iters "$ITERS" --warmup "$WARMUP" --budget "$BUDGET"
-          "${params_opt[@]}" --json "$out/sweep_N$n.json" --plot "$out/busbw_N$n.png")
+          "${params_opt[@]}" --json "$out/sweep_N$n.json")
+    [ "$PLOT" = 1 ] && args+=(--plot "$out/busbw_N$n.png")
     line=$(shown "$layout" "${args[@]}" | sed "s|$root/||g")
     echo "$line" >> "$out/commands.txt"
     echo "== $layout: $line" >&2

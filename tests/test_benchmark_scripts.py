@@ -1,0 +1,70 @@
+"""Smoke runs of the benchmark scripts that stay in benchmarks/, so that a refactor cannot break them silently.
+
+Each runs at 2 ranks on tiny sizes (what they measure is not judged here,
+only that every step runs and writes what it says).  benchmarks/peers/ has
+its own tests (test_peers.py); the report generator is tested in
+tests/bench/.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks"
+
+
+def _env(**extra):
+    path = os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+    return dict(os.environ, PYTHON=sys.executable, PYTHONPATH=path, PYCOLLECTIVE_TIMEOUT="300",
+                **extra)
+
+
+def _run(script, env, timeout=500):
+    proc = subprocess.run(["bash", str(script)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_run_sweep_writes_its_report(tmp_path):
+    out = tmp_path / "sweep"
+    status, output = _run(BENCH / "run_sweep.sh", _env(
+        NS="2", MAXCOUNT="100", FACTOR="10", ITERS="3", WARMUP="1", BUDGET="0.2", CALIBRATE="0",
+        PLOT="0", ALGOS="ring auto", OUT=str(out)))
+    assert status == 0, output[-5000:]
+    for name in ("commands.txt", "sweep_N2.txt", "sweep_N2.json", "report.md"):
+        assert (out / name).is_file(), (name, output[-3000:])
+    report = (out / "report.md").read_text()
+    assert "ring" in report and "auto" in report
+    assert "pycollective.bench ring auto" in (out / "commands.txt").read_text()
+
+
+def test_run_speed_runs_every_study(tmp_path):
+    out = tmp_path / "speed"
+    status, output = _run(BENCH / "run_speed.sh", _env(
+        NS="2", LARGE_M="1e3", SMALL_M="1", SEGMENT_M="1e3", BREAKDOWN_M="1e4",
+        MEMBW_BYTES="1M", WAIT="0", OUT=str(out)))
+    assert status == 0, output[-5000:]
+    studies = sorted(p.name.split("_", 1)[1] for p in out.glob("*_N2.json"))
+    assert studies == ["allreduce_N2.json", "breakdown_N2.json", "latency_N2.json",
+                       "membw_N2.json", "segments_N2.json"], (studies, output[-3000:])
+    assert (out / "speed.txt").read_text().strip()
+
+
+def test_run_multihost_runs_the_sweep_once_per_link(tmp_path):
+    # The emulated hosts need root and network namespaces; here the sweep it
+    # calls is a stand-in that records what it was given.
+    shutil.copy(BENCH / "run_multihost.sh", tmp_path)
+    record = tmp_path / "calls.txt"
+    (tmp_path / "run_sweep.sh").write_text(
+        f'#!/usr/bin/env bash\necho "$LINK|$OUT|$HOSTS|$MAXCOUNT" >> {record}\n')
+    (tmp_path / "run_sweep.sh").chmod(0o755)
+    status, output = _run(tmp_path / "run_multihost.sh",
+                          _env(LINKS="--rate=1gbit --delay=25us"), timeout=60)
+    assert status == 0, output
+    calls = [line.split("|") for line in record.read_text().splitlines()]
+    assert [c[0] for c in calls] == ["--rate 1gbit", "--delay 25us"]
+    assert calls[0][1].endswith("-hosts-rate-1gbit") and calls[1][1].endswith("-hosts-delay-25us")
+    assert all(c[2] == "2x2 2x4" and c[3] == "1e7" for c in calls)
