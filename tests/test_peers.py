@@ -5,6 +5,8 @@ No MPI here: the launches themselves are what `benchmarks/peers/run.sh` runs.
 
 import csv
 import json
+import os
+import subprocess
 import importlib.util
 import time
 from pathlib import Path
@@ -419,3 +421,17 @@ def test_the_report_says_how_ranks_sit_on_the_cpus():
     assert compare.placement(16, 16).startswith("N = 16: dedicated CPUs, not oversubscribed (1 CPU")
     assert "(8 CPUs per rank)" in compare.placement(2, 16)
     assert compare.placement(8, 2) == "N = 8: oversubscribed, 4 ranks per CPU (0.25 CPU per rank)"
+
+
+def test_the_device_script_gives_the_comparison_arguments_it_accepts(tmp_path):
+    """benchmarks/device/run.sh's comparison, as compare.py parses it: every size of every N,
+    one rank per core up to 16, and the three MPI libraries beside ours."""
+    script = Path(compare.ROOT) / "benchmarks" / "device" / "run.sh"
+    env = dict(os.environ, PLAN_ONLY="1", OUT=str(tmp_path))
+    argv = subprocess.run(["bash", str(script)], env=env, check=True, capture_output=True,
+                          text=True).stdout.splitlines()
+    args = compare.parse(argv)
+    assert args.ns == [2, 4, 8, 16] and args.counts == [10 ** k for k in range(3, 8)]
+    assert args.contenders == ["pycollective", "mpich", "openmpi", "impi"]
+    assert args.shared == [] and not args.profiles and args.out.startswith(str(tmp_path))
+    assert not (tmp_path / "res").exists()  # a plan only: nothing run, nothing written
