@@ -86,7 +86,7 @@ fi
 
 if [ -x benchmarks/gpu/run.sh ] && nvidia-smi -L > /dev/null 2>&1; then
     say "GPU: N = $GPU_NS, at most $GPU_S s"
-    PY="$VENVS/mpich/bin/python" GPU_NS="$GPU_NS" timeout -k 10 "$GPU_S" \
+    PATH="$VENVS/mpich/bin:$PATH" PY="$VENVS/mpich/bin/python" GPU_NS="$GPU_NS" timeout -k 10 "$GPU_S" \
         bash benchmarks/gpu/run.sh "$res/gpu"
     say "GPU exit $?"
 else
