@@ -19,6 +19,7 @@ from ._allocate import release, shared_empty
 from ._errors import (CollectiveError, CollectiveMismatch, CollectiveTimeout, CommunicatorBroken,
                       ConfigurationError, PeerFailed, ReplicaMismatch, StallWarning)
 from ._partition import partition
+from ._device._errors import DeviceMemoryError
 from .bucketing import GradientBuckets
 from .comm import Comm, Request
 from .training import DistributedOptimizer, broadcast_parameters, check_replicas
@@ -28,7 +29,7 @@ __all__ = ["allreduce", "reduce_scatter", "allgather", "allgatherv", "reduce", "
            "set_check", "set_timeout", "shared_empty", "release", "Comm", "Request", "GradientBuckets",
            "broadcast_parameters", "check_replicas", "DistributedOptimizer", "CollectiveError",
            "CollectiveTimeout", "CollectiveMismatch", "PeerFailed", "CommunicatorBroken",
-           "ConfigurationError", "ReplicaMismatch", "StallWarning", "__version__"]
+           "ConfigurationError", "ReplicaMismatch", "StallWarning", "DeviceMemoryError", "__version__"]
 
 try:
     __version__ = _metadata.version("pycollective")
