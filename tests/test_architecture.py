@@ -24,18 +24,19 @@ LAYERS = [
     # 0: no MPI state of their own
     {"_env", "_ops", "_units", "_table", "_timing", "_root", "_exact", "_about", "_kernels",
      "_partition", "_registry", "_errors", "_atomics", "_views", "_settings", "_buffers",
-     "_buffers.*",
+     "_buffers.*", "_device", "_device._classify", "_device._errors", "_device._pool",
+     "_device._pipeline",
      "compression"},
-    {"_watch", "_context"},
+    {"_watch", "_context", "_device._aware", "_device._backends", "_device.fake"},
     {"_shmem", "_cma", "_segment", "_barrier", "_shared"},
     {"algorithms", "algorithms.*"},
     {"_agree", "_fastpath", "_auto", "_choose", "model", "model.formulas", "model.lecture",
      "model.params", "model.choice", "model.fit", "model.ledger", "model.topology",
      "model.tuning"},
     {"_call"},
-    {"_collectives", "_options", "_allocate"},
+    {"_collectives", "_options", "_allocate", "_device._public"},
     # what the drop-in is built from: its argument plans and its nonblocking engine
-    {"_plans", "_nonblocking"},
+    {"_plans", "_nonblocking", "_device._dropin"},
     {"comm", "bucketing", "training", "bench", "bench.*", "model.calibration", "model.__main__", ""},
     # training built on the library; nothing below imports it
     {"zero", "zero.*", "torch"},

@@ -26,7 +26,7 @@ LIMIT = int(os.environ.get("PYCOLLECTIVE_SUITE_TIMEOUT", "600"))
 # ranks, 2, 3 and 4 run them on slices that start anywhere, and
 # test_exact_matrix runs shm at 8.  (Files are ignored, tests deselected.)
 NOT_AT_8 = ("test_bench.py", "test_bench_commands.py", "test_calibrate.py", "test_comm.py",
-            "test_comm_collectives.py", "test_example.py", "test_training.py",
+            "test_comm_collectives.py", "test_device.py", "test_example.py", "test_training.py",
             "test_shm_mid.py::test_every_compiled_dtype_and_op_exact",
             "test_shm_mid.py::test_slot_path_above_1mib_right_with_either_kind_of_stores")
 

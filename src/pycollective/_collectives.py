@@ -37,7 +37,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _auto, _buffers, _fastpath, _registry, _watch
-from ._device import _entry as _device
+from ._device import _public as _device
 from . import compression as _compression
 from . import algorithms as _algorithms  # noqa: F401  (importing it registers every algorithm)
 from ._agree import Facts

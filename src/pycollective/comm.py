@@ -48,7 +48,7 @@ from mpi4py import MPI
 
 from . import compression as _compression
 from ._buffers import is_in_place, log_fallback
-from ._device import _entry as _device
+from ._device import _dropin as _device
 from ._options import COLLECTIVES, algorithms
 from ._context import comm_settings
 from ._nonblocking import Job, Request, engine_for

@@ -54,7 +54,7 @@ from mpi4py import MPI
 
 from . import _buffers
 from ._collectives import allgather, bcast
-from ._device import _entry as _device
+from ._device import _dropin as _device
 from ._errors import ReplicaMismatch
 from .bucketing import DEFAULT_CAP_BYTES, GradientBuckets, bucket_layout
 from .comm import Comm

@@ -7,7 +7,8 @@ from mpi4py import MPI
 
 from ._common import RAW, BufferSpecError, DeviceMemory, Invalid
 from ._dlpack import dlpack_device, from_dlpack
-from .._device._classify import HOST_DEVICES, cai_host_view, classify, device_name
+from .._device._classify import HOST_DEVICES, classify, device_name
+from ._cai import cai_host_view
 
 def _not_a_buffer(obj, name):
     return TypeError(f"{name} must be a numpy array or a buffer (buffer protocol or DLPack), "
