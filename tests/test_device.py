@@ -235,3 +235,10 @@ def test_every_op_and_dtype_on_one_rank(monkeypatch, op):
         pycollective.allreduce(MPI.IN_PLACE, x, op, comm=SELF)
         assert out.read().tobytes() == values.tobytes(), dtype
         assert x.read().tobytes() == values.tobytes(), dtype
+
+
+def test_a_bad_setting_says_so(monkeypatch):
+    monkeypatch.setenv("PYCOLLECTIVE_GPU_AWARE", "maybe")
+    _aware.forget()
+    with pytest.raises(ValueError, match="PYCOLLECTIVE_GPU_AWARE='maybe'"):
+        _aware.local_decision()

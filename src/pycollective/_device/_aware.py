@@ -17,12 +17,12 @@ private duplicate, bounded by pycollective's timeout (a rank answering
 naming this setting rather than a crash).
 """
 
-import os
 import threading
 
 import numpy as np
 from mpi4py import MPI
 
+from .. import _env
 from .._context import Key, get_context
 from .._watch import waitall
 
@@ -56,22 +56,19 @@ def local_decision():
     global _local
     with _lock:
         if _local is None:
-            _local = _decide(os.environ.get(SETTING, "auto").strip().lower())
+            _local = _decide(_env.GPU_AWARE.get())
         return _local
 
 
 def _decide(value):
-    if value in ("0", "false", "no", "off"):
+    if value == "0":
         return False, f"{SETTING}=0"
-    if value in ("1", "true", "yes", "on"):
+    if value == "1":
         return True, f"{SETTING}=1"
     kinds = memory_kinds()
     names = {k.split(":", 1)[0].strip() for k in kinds.split(",") if k.strip()}
-    setting = f"{SETTING}={value or 'auto'}" if value in ("", "auto") else \
-        f"{SETTING}={value!r} (not 0, 1 or auto: read as auto)"
-    if names & {"cuda", "rocm", "hip"}:
-        return True, f"{setting}, mpi_memory_alloc_kinds={kinds!r}"
-    return False, f"{setting}, mpi_memory_alloc_kinds={kinds or 'not reported'!r}"
+    why = f"{SETTING}=auto and mpi_memory_alloc_kinds={kinds or 'not reported'!r}"
+    return bool(names & {"cuda", "rocm"}), why
 
 
 def forget():

@@ -22,23 +22,21 @@ producer's work comes first); the caller's stream waits for the last copy
 back, which the host has also synchronized, before the call returns.
 """
 
-import os
-
 import numpy as np
 from mpi4py import MPI
 
+from .. import _env
 from .._partition import chunk_bounds as _even_bounds
 from . import _pool
 
 SLOTS = 3
-#: Bytes per chunk (PYCOLLECTIVE_GPU_CHUNK_BYTES): large enough that a chunk's
-#: host reduction is not dominated by its per-call cost, small enough that the
-#: first copy and the last copy back, which nothing overlaps, are short.
-CHUNK_BYTES = 8 << 20
+# Bytes per chunk: _env.GPU_CHUNK_BYTES (8 MiB), large enough that a chunk's host
+# reduction is not dominated by its per-call cost, small enough that the first
+# copy and the last copy back, which nothing overlaps, are short.
 
 
 def chunk_bytes():
-    return max(int(os.environ.get("PYCOLLECTIVE_GPU_CHUNK_BYTES", CHUNK_BYTES)), 1)
+    return _env.GPU_CHUNK_BYTES.get()
 
 
 def chunk_bounds(count, itemsize, target=None):

@@ -7,8 +7,9 @@ back only when no copy into or out of it is in flight (the staged call
 synchronizes its last events first), so the next call may use it at once.
 """
 
-import os
 import threading
+
+from .. import _env
 
 _MiB = 1 << 20
 _lock = threading.Lock()
@@ -18,7 +19,7 @@ _kept_bytes = 0
 
 def _limit():
     """Bytes of idle pinned buffers kept (PYCOLLECTIVE_GPU_POOL_BYTES, default 1 GiB)."""
-    return int(os.environ.get("PYCOLLECTIVE_GPU_POOL_BYTES", str(1 << 30)))
+    return _env.GPU_POOL_BYTES.get()
 
 
 def _rounded(nbytes):
