@@ -72,7 +72,8 @@ def memory(obj, name, writable) -> np.ndarray:
     device = dlpack_device(obj)
     if device is not None:
         if device not in HOST_DEVICES:  # pinned and managed memory: read in place
-            raise DeviceMemory(f"{name} is device memory ({device_name(device)}, DLPack)")
+            raise DeviceMemory(f"{name} is device memory (DLPack device type {device}, "
+                               f"{device_name(device)})")
         return from_dlpack(obj, name, writable)
     kind = classify(obj)
     if kind is not None:

@@ -331,13 +331,14 @@ def wrap(obj, kind: Kind, name, setting) -> DeviceBuffer:
     for lib in candidates:
         try:
             be = backend(lib)
-        except Exception as exc:  # noqa: BLE001  (ImportError, a CUDA runtime that fails)
-            errors.append(f"{lib}: {type(exc).__name__}: {exc}")
-            continue
-        if lib != library and kind.via == "dlpack":
-            target = be.torch.from_dlpack(obj) if lib == "torch" else be.cupy.from_dlpack(obj)
-            buf = be.bind(target, name)
-            return buf._replace(obj=obj)
-        return be.bind(obj, name)
+            if lib != library and kind.via == "dlpack":
+                target = be.torch.from_dlpack(obj) if lib == "torch" else \
+                    be.cupy.from_dlpack(obj)
+                return be.bind(target, name)._replace(obj=obj)
+            return be.bind(obj, name)
+        except DeviceMemoryError:
+            raise
+        except Exception as exc:  # noqa: BLE001  (ImportError, no CUDA driver, ...)
+            errors.append(f"{lib}: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}")
     raise _unstageable(name, kind, "no runtime to copy it with ("
                        + "; ".join(errors or [f"no backend for {library}"]) + ")", setting)

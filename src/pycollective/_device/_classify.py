@@ -48,7 +48,9 @@ class Kind(NamedTuple):
         return not self.host and self.device_type in STAGEABLE
 
     def describe(self) -> str:
-        return f"{device_name(self.device_type)} memory ({'DLPack' if self.via == 'dlpack' else '__cuda_array_interface__'})"
+        if self.via == "dlpack":
+            return f"{device_name(self.device_type)} memory (DLPack device type {self.device_type})"
+        return f"{device_name(self.device_type)} memory (__cuda_array_interface__)"
 
 
 # --- reading __cuda_array_interface__ -------------------------------------------------------

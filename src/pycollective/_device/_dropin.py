@@ -44,6 +44,9 @@ def dropin(comm, name, blocking, buffer_count, args, kwargs):
     name of its blocking form; ``buffer_count``: how many leading arguments
     are buffers (the keyword forms are read too).
     """
+    if not kwargs and len(args) >= buffer_count and all(
+            type(a) is np.ndarray or a is MPI.IN_PLACE for a in args[:buffer_count]):
+        return NOT_STAGED  # the common case, decided without a look inside
     names = ["sendbuf", "recvbuf"] if buffer_count == 2 else ["buf"]
     args = list(args)
     slots = []  # ("a", index) or ("k", keyword) of each buffer argument, in order
