@@ -219,8 +219,13 @@ class NumbaBackend(Backend):
 
     def bind(self, obj, name):
         cuda = self.cuda
-        d = obj if cuda.is_cuda_array(obj) and hasattr(obj, "copy_to_host") \
-            else cuda.as_cuda_array(obj)
+        if hasattr(obj, "copy_to_host") and hasattr(obj, "view"):
+            d = obj  # numba's own device array
+        else:
+            try:  # no synchronization: the staged call orders itself by events
+                d = cuda.as_cuda_array(obj, sync=False)
+            except TypeError:
+                d = cuda.as_cuda_array(obj)
         if d.size == 0:
             flat = None
         elif d.is_c_contiguous():
