@@ -136,8 +136,9 @@ def summarize(results, fake):
                 ratio = p["staged_s"] / p["separate_s"]
                 overlap.append({"ranks": r["ranks"], "count": p["count"], "ratio": ratio,
                                 "met": ratio <= OVERLAP_TARGET})
-    met = not crashes and not wrong and all(g["met"] for g in gloo) and \
-        all(o["met"] for o in overlap) and (fake or (gloo and overlap))
+    # A dry run's times are host copies standing for device copies: not judged.
+    met = not crashes and not wrong and (fake or (
+        gloo and overlap and all(g["met"] for g in gloo) and all(o["met"] for o in overlap)))
     return {"checks": len(checks), "crashes": crashes, "wrong": wrong, "gloo": gloo,
             "overlap": overlap, "all_met": bool(met)}
 
@@ -180,7 +181,9 @@ def render(results, verdict, args):
                 f"| {ranks} | {p['count']:.0e} | {ms(t)} | {ms(g)} | {gloo_ratio} | "
                 f"{ms(p.get('d2h_s'))} | {ms(p.get('host_s'))} | {ms(p.get('h2d_s'))} | "
                 f"{ms(s)} | {sum_ratio} |")
-    lines += ["", f"Targets met: {'yes' if verdict['all_met'] else 'NO'} (0 crashes and 0 wrong "
+    lines += ["", f"Targets met: {'yes' if verdict['all_met'] else 'NO'}"
+              f"{' (dry run: correctness only, times not judged)' if args.fake else ''} "
+              f"(0 crashes and 0 wrong "
               f"results; Gloo/staged >= {GLOO_TARGET} at every size; staged/separate sum <= "
               f"{OVERLAP_TARGET} at 1e8)", ""]
     return "\n".join(lines)
