@@ -13,5 +13,5 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:?usage: benchmarks/gpu/run.sh OUTDIR [--fake] [--only PHASES] [--budget SECONDS]}
 shift
-exec timeout -k 10 "${CHECK_HARD_LIMIT_S:-400}" "${PYTHON:-python3}" benchmarks/gpu/check.py \
+exec timeout -k 10 "${CHECK_HARD_LIMIT_S:-300}" "${PYTHON:-python3}" benchmarks/gpu/check.py \
     --out "$out" "$@"
