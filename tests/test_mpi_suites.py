@@ -26,8 +26,8 @@ LIMIT = int(os.environ.get("PYCOLLECTIVE_SUITE_TIMEOUT", "600"))
 # ranks, 2, 3 and 4 run them on slices that start anywhere, and
 # test_exact_matrix runs shm at 8.  (Files are ignored, tests deselected.)
 NOT_AT_8 = ("bench/test_bench.py", "bench/test_bench_commands.py", "bench/test_calibrate.py",
-            "comm/test_comm.py", "comm/test_comm_collectives.py", "training/test_example.py",
-            "training/test_training.py",
+            "comm/test_comm.py", "comm/test_comm_collectives.py", "device/test_device.py",
+            "training/test_example.py", "training/test_training.py",
             "algorithms/test_shm_mid.py::test_every_compiled_dtype_and_op_exact",
             "algorithms/test_shm_mid.py::test_slot_path_above_1mib_right_with_either_kind_of_stores")
 

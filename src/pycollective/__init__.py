@@ -21,6 +21,7 @@ from .collectives.allocate import release, shared_empty
 from ._errors import (CollectiveError, CollectiveMismatch, CollectiveTimeout, CommunicatorBroken,
                       ConfigurationError, PeerFailed, ReplicaMismatch, StallWarning)
 from .data.partition import partition
+from .data.buffers._device_error import DeviceMemoryError
 from .training.bucketing import GradientBuckets
 from .comm.dropin import Comm, Request
 from .training.optimizer import DistributedOptimizer, broadcast_parameters, check_replicas
@@ -30,7 +31,7 @@ __all__ = ["allreduce", "reduce_scatter", "allgather", "allgatherv", "reduce", "
            "set_check", "set_timeout", "shared_empty", "release", "Comm", "Request", "GradientBuckets",
            "broadcast_parameters", "check_replicas", "DistributedOptimizer", "CollectiveError",
            "CollectiveTimeout", "CollectiveMismatch", "PeerFailed", "CommunicatorBroken",
-           "ConfigurationError", "ReplicaMismatch", "StallWarning", "__version__"]
+           "ConfigurationError", "ReplicaMismatch", "StallWarning", "DeviceMemoryError", "__version__"]
 
 try:
     __version__ = _metadata.version("pycollective")

@@ -19,8 +19,10 @@ are ready, while backward goes on computing earlier layers, and waits for
 the returned future only at the end of backward.  The hook divides the
 bucket's flat tensor by N (before the sum, as torch's own hook does, so
 float16 partial sums stay in range) and starts
-``pycollective.Comm(...).Iallreduce(MPI.IN_PLACE, tensor)`` on it: the
-tensor is viewed in place through DLPack, never copied.  The reduction runs
+``pycollective.Comm(...).Iallreduce(MPI.IN_PLACE, tensor)`` on it: a CPU
+tensor is viewed in place through DLPack, never copied; a CUDA bucket is
+staged through pinned host memory in overlapping chunks, and its future is
+completed only after the copy back (:mod:`pycollective.device`).  The reduction runs
 on the drop-in's helper thread (:mod:`pycollective.comm`), one bucket after
 the other in the order DDP submits them, which is the same on every rank.
 The helper waits in MPI and reduces in numba kernels without holding the

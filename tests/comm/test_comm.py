@@ -290,7 +290,7 @@ def test_new_collectives_fall_back_by_op_and_datatype(call, reason, caplog):
     assert any(reason in r.getMessage() for r in caplog.records)
 
 
-def test_dlpack_tensors_through_the_dropin_and_the_public_functions():
+def test_dlpack_tensors_through_the_dropin_and_the_public_functions(monkeypatch):
     from test_buffers import DLPackOnly, FakeDevice, LegacyDLPack  # noqa: PLC0415
     drop = pycollective.Comm(MPI.COMM_SELF)
     for wrap in (DLPackOnly, LegacyDLPack):
@@ -305,5 +305,17 @@ def test_dlpack_tensors_through_the_dropin_and_the_public_functions():
         drop.Iallreduce(wrap(x), [wrap(out), MPI.FLOAT]).Wait()
         assert np.array_equal(out, x)
     host, out = _data(4, "float64"), np.zeros(4)
-    pycollective.allreduce(FakeDevice(host), FakeDevice(out), comm=MPI.COMM_SELF)  # MPI's call
+    # A __cuda_array_interface__ object is device memory unless a CUDA driver says
+    # otherwise; with no runtime to stage it, a typed error, never MPI's call ...
+    with pytest.raises(pycollective.DeviceMemoryError, match="no runtime to copy it with"):
+        pycollective.allreduce(FakeDevice(host), FakeDevice(out), comm=MPI.COMM_SELF)
+    # ... unless the user says MPI takes device pointers (this one is host memory).
+    from pycollective.device import _aware  # noqa: PLC0415
+    monkeypatch.setenv("PYCOLLECTIVE_GPU_AWARE", "1")
+    _aware.forget()
+    try:
+        pycollective.allreduce(FakeDevice(host), FakeDevice(out), comm=MPI.COMM_SELF.Dup())
+    finally:
+        monkeypatch.delenv("PYCOLLECTIVE_GPU_AWARE")
+        _aware.forget()
     assert np.array_equal(out, host)

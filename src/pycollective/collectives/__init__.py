@@ -4,9 +4,10 @@
 call's prepare, run and leave; ``plans`` the plans of repeated call shapes;
 ``agree`` the cross-rank agreement; ``auto`` and ``choose`` the automatic
 choice of algorithm; ``options`` what a caller sets and asks before calling;
-``allocate`` ``shared_empty`` and ``release``.
+``allocate`` ``shared_empty`` and ``release``; ``device`` where device
+buffers enter the public functions (native, staged, or an error).
 
-May import: ``data``, ``runtime``, ``node``, ``model``, ``compression``,
+May import: ``data``, ``runtime``, ``node``, ``model``, ``device``, ``compression``,
 ``_errors``, and the ``algorithms`` package (importing it registers them;
 ``api`` and ``options`` only).
 """

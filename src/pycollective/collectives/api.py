@@ -22,9 +22,11 @@ some ranks waiting for messages that will not come:
 5. The algorithm runs on flat views of the buffers.
 
 Step 1 is each function's own (its ``local()``); steps 2 to 5 are the same
-for every collective and live in :mod`~pycollective.collectives.call`.  Repeated calls of one shape
-take :mod`~pycollective.collectives.plans` instead of steps 1-4 (allreduce only).  Buffers are read by :mod`~pycollective.data.buffers`: any buffer mpi4py
-accepts; device memory goes to the communicator's own MPI call instead.
+for every collective and live in :mod:`~pycollective.collectives.call`.  Repeated calls of one shape
+take :mod:`~pycollective.collectives.plans` instead of steps 1-4 (allreduce only).  Buffers are read by :mod:`~pycollective.data.buffers`: any buffer mpi4py
+accepts.  Device memory (CUDA, ROCm) is staged through pinned host memory into
+these same functions, or goes to the communicator's own MPI call only where the
+MPI library takes device pointers (:mod:`~pycollective.collectives.device`).
 """
 
 import operator
@@ -35,6 +37,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import auto as _auto, plans as _plans
+from . import device as _device
 from ..data import buffers as _buffers
 from ..runtime import registry as _registry, watch as _watch
 from .. import compression as _compression
@@ -157,6 +160,10 @@ def allreduce(sendbuf, recvbuf, op=MPI.SUM, *, comm=None, algorithm: str = "auto
             communicator is unusable since an earlier failure
             (``CommunicatorBroken``).  The communicator is then unusable.
     """
+    if _buffers.device_reason(sendbuf, recvbuf) is not None:
+        return _device.allreduce(
+            allreduce, sendbuf, recvbuf, op, comm, algorithm, timeout, compress,
+            lambda: _native_allreduce(sendbuf, recvbuf, op, comm))
     if compress is not None:
         return _compression.allreduce(allreduce, sendbuf, recvbuf, op, compress, comm=comm,
                                       algorithm=algorithm, timeout=timeout)
@@ -164,12 +171,6 @@ def allreduce(sendbuf, recvbuf, op=MPI.SUM, *, comm=None, algorithm: str = "auto
     if hit is not None:
         run_remembered(*hit)
         return recvbuf
-    reason = _buffers.device_reason(sendbuf, recvbuf)
-    if reason is not None:
-        _native("allreduce", reason)
-        resolve_comm(comm).Allreduce(sendbuf, recvbuf, _mpi_op(op))
-        return recvbuf
-
     def local():
         algo = None if algorithm == AUTO else _registry.get(algorithm)
         opname = resolve_op(op)
@@ -210,6 +211,13 @@ def _mpi_op(op):
 
 def _native(what, reason):
     _buffers.log_fallback(reason, f"pycollective.{what}")
+
+
+def _native_allreduce(sendbuf, recvbuf, op, comm):
+    """Device memory, to an MPI library that takes device pointers (:mod:`.device`)."""
+    _native("allreduce", _buffers.device_reason(sendbuf, recvbuf))
+    resolve_comm(comm).Allreduce(sendbuf, recvbuf, _mpi_op(op))
+    return recvbuf
 
 
 def _named(algorithm, what):
@@ -281,13 +289,18 @@ def reduce_scatter(sendbuf, recvbuf, op=MPI.SUM, *, counts=None, comm=None,
     """
     reason = _buffers.device_reason(sendbuf, recvbuf)
     if reason is not None:
-        if sendbuf is MPI.IN_PLACE:
-            raise ValueError("reduce_scatter in place on device memory: MPI places the result "
-                             "differently; pass a separate recvbuf")
-        _native("reduce_scatter", reason)
-        # counts None: mpi4py gathers the receive counts, which are partition's here.
-        resolve_comm(comm).Reduce_scatter(sendbuf, recvbuf,
-                                           None if counts is None else list(counts), _mpi_op(op))
+        def native():
+            if sendbuf is MPI.IN_PLACE:
+                raise ValueError("reduce_scatter in place on device memory: MPI places the "
+                                 "result differently; pass a separate recvbuf")
+            _native("reduce_scatter", reason)
+            # counts None: mpi4py gathers the receive counts, which are partition's here.
+            resolve_comm(comm).Reduce_scatter(
+                sendbuf, recvbuf, None if counts is None else list(counts), _mpi_op(op))
+        _device.staged(reduce_scatter, [sendbuf, recvbuf], ["sendbuf", "recvbuf"], [1],
+                       lambda s, r: reduce_scatter(s, r, op, counts=counts, comm=comm,
+                                                   algorithm=algorithm, timeout=timeout),
+                       native, comm)
         return recvbuf
     what = "reduce_scatter" if counts is None else "reduce_scatterv"
 
@@ -401,9 +414,13 @@ def allgather(sendbuf, recvbuf, *, comm=None, algorithm: str = "auto", timeout=D
     """
     reason = _buffers.device_reason(sendbuf, recvbuf)
     if reason is not None:
-        _native("allgather", reason)
-        # A bare recvbuf: mpi4py splits it as partition does (the first ranks one more).
-        resolve_comm(comm).Allgatherv(sendbuf, recvbuf)
+        def native():
+            _native("allgather", reason)
+            # A bare recvbuf: mpi4py splits it as partition does (the first ranks one more).
+            resolve_comm(comm).Allgatherv(sendbuf, recvbuf)
+        _device.staged(allgather, [sendbuf, recvbuf], ["sendbuf", "recvbuf"], [1],
+                       lambda s, r: allgather(s, r, comm=comm, algorithm=algorithm,
+                                              timeout=timeout), native, comm)
         return recvbuf
     return _allgather("allgather", sendbuf, recvbuf, None, None, comm, algorithm, timeout)
 
@@ -432,9 +449,14 @@ def allgatherv(sendbuf, recvbuf, counts, displs=None, *, comm=None, algorithm: s
     """
     reason = _buffers.device_reason(sendbuf, recvbuf)
     if reason is not None:
-        _native("allgatherv", reason)
-        layout = (list(counts), None if displs is None else list(displs))
-        resolve_comm(comm).Allgatherv(sendbuf, [recvbuf, layout])
+        def native():
+            _native("allgatherv", reason)
+            layout = (list(counts), None if displs is None else list(displs))
+            resolve_comm(comm).Allgatherv(sendbuf, [recvbuf, layout])
+        _device.staged(allgatherv, [sendbuf, recvbuf], ["sendbuf", "recvbuf"], [1],
+                       lambda s, r: allgatherv(s, r, counts, displs, comm=comm,
+                                               algorithm=algorithm, timeout=timeout),
+                       native, comm)
         return recvbuf
     return _allgather("allgatherv", sendbuf, recvbuf, counts, displs, comm, algorithm, timeout)
 
@@ -473,8 +495,13 @@ def reduce(sendbuf, recvbuf, op=MPI.SUM, *, root=0, comm=None, algorithm: str = 
     """
     reason = _buffers.device_reason(sendbuf, recvbuf)
     if reason is not None:
-        _native("reduce", reason)
-        resolve_comm(comm).Reduce(sendbuf, recvbuf, _mpi_op(op), root)
+        def native():
+            _native("reduce", reason)
+            resolve_comm(comm).Reduce(sendbuf, recvbuf, _mpi_op(op), root)
+        at_root = isinstance(root, (int, np.integer)) and resolve_comm(comm).Get_rank() == root
+        _device.staged(reduce, [sendbuf, recvbuf], ["sendbuf", "recvbuf"], [1] if at_root else [],
+                       lambda s, r: reduce(s, r, op, root=root, comm=comm, algorithm=algorithm,
+                                           timeout=timeout), native, comm)
         return recvbuf
 
     def local():
@@ -526,8 +553,14 @@ def bcast(buf, *, root=0, comm=None, algorithm: str = "auto", timeout=DEFAULT):
     """
     reason = _buffers.device_reason(buf)
     if reason is not None:
-        _native("bcast", reason)
-        resolve_comm(comm).Bcast(buf, root)
+        def native():
+            _native("bcast", reason)
+            resolve_comm(comm).Bcast(buf, root)
+        off_root = not (isinstance(root, (int, np.integer))
+                        and resolve_comm(comm).Get_rank() == root)
+        _device.staged(bcast, [buf], ["buf"], [0] if off_root else [],
+                       lambda b: bcast(b, root=root, comm=comm, algorithm=algorithm,
+                                       timeout=timeout), native, comm)
         return buf
 
     def local():

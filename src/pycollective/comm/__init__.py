@@ -3,9 +3,10 @@
 ``dropin`` the ``Comm`` class; ``arguments`` what one call's mpi4py arguments
 resolve to (pycollective on numpy views, the wrapped communicator's own call,
 or an error every rank raises); ``nonblocking`` the nonblocking forms on one
-helper thread per communicator, and their ``Request``.
+helper thread per communicator, and their ``Request``; ``device`` device
+buffers in the drop-in's methods and training's arrays (host mirrors).
 
-May import: ``collectives``, ``data``, ``runtime``, ``compression``, ``_errors``.
+May import: ``collectives``, ``device``, ``data``, ``runtime``, ``compression``, ``_errors``.
 """
 
 from .dropin import Comm, Request

@@ -22,10 +22,12 @@ before any message, and runs it, blocking or on the helper thread
   every rank, so all ranks take the same path.  User-defined ops, ops other
   than SUM, PROD, MAX and MIN, datatypes without a pycollective kernel
   (complex, bool, long double, ``MPI.BYTE``, derived ones) for the
-  reductions, datatypes with holes for the data movers, and device memory
-  (``__cuda_array_interface__``, a non-CPU DLPack device) go to the wrapped
+  reductions, and datatypes with holes for the data movers go to the wrapped
   communicator's own call (identical results, by construction), and the
   reason is logged once per reason (INFO on the ``"pycollective"`` logger).
+  Device memory reaches a plan only when the MPI library takes device
+  pointers (``comm/dropin.py`` stages it otherwise, :mod:`pycollective.device`):
+  it goes to the wrapped communicator's call too.
 * A buffer argument that cannot be read on one rank (not a buffer, count
   larger than the buffer, unknown typecode, a strided tensor) still takes
   part in the collective: the rank enters the same pycollective call with an

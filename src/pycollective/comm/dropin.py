@@ -17,6 +17,12 @@ How it is built
   nonblocking forms (``Iallreduce``, ``Ireduce_scatter_block``, ...); the
   constructors of new communicators (``Dup``, ``Split``, ``Create``, ...)
   return wrapped communicators with the same algorithms.
+* Device buffers (CUDA, ROCm; ``__dlpack_device__`` or
+  ``__cuda_array_interface__``) are found first: unless the MPI library takes
+  device pointers, the call runs on pinned host mirrors of them
+  (:mod:`pycollective.device`; ``Allreduce`` of bare buffers in overlapping
+  chunks) and the results are copied back before it returns (nonblocking:
+  before the request completes).
 * Each replaced call's arguments are read, before any message, into a plan
   (:mod:`pycollective.comm.arguments`): pycollective's call on numpy views of the
   buffers, the wrapped communicator's own call (a fallback, logged once per
@@ -42,6 +48,7 @@ from mpi4py import MPI
 
 from .. import compression as _compression
 from ..data.buffers import is_in_place, log_fallback
+from . import device as _device
 from ..collectives.options import COLLECTIVES, algorithms
 from ..runtime.context import comm_settings
 from .nonblocking import Job, Request, engine_for
@@ -91,11 +98,16 @@ def _native_send(sendbuf, recvbuf):
 
 def _pair(collective, blocking, describe):
     """``(Blocking, Iblocking)``: the two methods of one replaced collective."""
+    nbuffers = 1 if blocking == "Bcast" else 2
     def method(name, run):
         native = getattr(MPI.Intracomm, name)
 
         @functools.wraps(describe)
         def call(self, *args, **kwargs):
+            # Device buffers are staged through host memory unless MPI takes them (comm/device.py).
+            staged = _device.dropin(self, name, blocking, nbuffers, args, kwargs)
+            if staged is not _device.NOT_STAGED:
+                return staged
             plan, native_args = describe(self, *args, **kwargs)
             return getattr(self, run)(collective, plan, lambda: native(self, *native_args))
         call.__name__, call.__qualname__ = name, f"Comm.{name}"

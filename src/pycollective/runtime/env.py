@@ -146,3 +146,28 @@ SHM_WAIT = _setting(
 RANKS_PER_NODE = _setting(
     "PYCOLLECTIVE_RANKS_PER_NODE", str.strip, "",
     "emulated node layout for hierarchical: k ranks per node, or sizes like 2,4")
+
+
+def _parse_gpu_aware(text: str) -> str:
+    t = text.strip().lower()
+    if t in _TRUE:
+        return "1"
+    if t in _FALSE:
+        return "0"
+    if t == "auto":
+        return "auto"
+    raise ValueError("expected 0, 1 or auto")
+
+
+GPU_AWARE = _setting(
+    "PYCOLLECTIVE_GPU_AWARE", _parse_gpu_aware, "auto",
+    "whether the MPI library takes device (CUDA, ROCm) pointers: 1 yes, 0 no (device buffers "
+    "are staged through pinned host memory), auto: yes only if MPI_COMM_WORLD's "
+    "mpi_memory_alloc_kinds lists a cuda or rocm kind; agreed across ranks (docs/gpu.md)")
+GPU_CHUNK_BYTES = _setting(
+    "PYCOLLECTIVE_GPU_CHUNK_BYTES", parse_positive_int, 8 << 20,
+    "chunk of a staged allreduce of device memory, in bytes (default 8 MiB); the copies of "
+    "one chunk overlap the host reduction of the next")
+GPU_POOL_BYTES = _setting(
+    "PYCOLLECTIVE_GPU_POOL_BYTES", parse_positive_int, 1 << 30,
+    "idle pinned host memory kept for staging device buffers, in bytes (default 1 GiB)")

@@ -54,6 +54,7 @@ from mpi4py import MPI
 
 from ..data import buffers as _buffers
 from ..collectives.api import allgather, bcast
+from ..comm import device as _device
 from .._errors import ReplicaMismatch
 from .bucketing import DEFAULT_CAP_BYTES, GradientBuckets, bucket_layout
 from ..comm.dropin import Comm
@@ -221,6 +222,9 @@ def check_replicas(arrays, comm=None) -> int:
             or something that is not an array (on every rank, naming it).
         CollectiveError: a rank never arrives (timeout) or fails.
     """
+    staged = _device.host_arrays(arrays)
+    if staged is not None:  # device arrays: compared through host copies
+        return staged.run(lambda host: check_replicas(host, comm), copy_back=False)
     comm = _plain(comm)
     summary, table = _exchange(comm, "check_replicas",
                                lambda: _summarise(_entries(arrays, "check_replicas"), False, True))
@@ -305,6 +309,10 @@ def broadcast_parameters(arrays, root=0, comm=None, *, cap_bytes=DEFAULT_CAP_BYT
         ReplicaMismatch: the check found a rank with other bytes afterwards.
         CollectiveError: a rank never arrives (timeout) or fails.
     """
+    staged = _device.host_arrays(arrays)
+    if staged is not None:  # device arrays: broadcast through host copies, copied back
+        return staged.run(lambda host: broadcast_parameters(
+            host, root, comm, cap_bytes=cap_bytes, algorithm=algorithm, check=check), True)
     comm = _plain(comm)
     rank = comm.Get_rank()
     valid_root = isinstance(root, (int, np.integer)) and 0 <= root < comm.Get_size()

@@ -5,7 +5,7 @@ datatype]``, counts, vector specs, in-place forms), on COMM_WORLD, COMM_SELF
 and a Dup, must leave bit for bit what the plain communicator's own call
 leaves, and run pycollective (not MPI) where it can; the nonblocking forms
 too, many in flight; fallbacks (complex reductions, datatypes with holes,
-device memory) go to MPI; an argument that cannot be read on one rank
+device memory where MPI takes device pointers) go to MPI; an argument that cannot be read on one rank
 raises on every rank.  Data are exact integer values per rank and index.
 """
 
@@ -18,7 +18,8 @@ from mpi4py import MPI
 import pycollective
 from pycollective.data import buffers as _buffers
 from pycollective.comm import arguments as _plans  # the drop-in's calls of the public functions
-from _data import MPI_OPS, bitwise_equal, exact_values
+from _data import MPI_OPS, bitwise_equal, env, exact_values
+from pycollective.device import _aware
 from _tensors import DLPackOnly, FakeDevice
 
 OPS = ["sum", "prod", "max", "min"]
@@ -225,7 +226,12 @@ def test_fallbacks_go_to_mpi_and_are_logged(caplog):
             assert bitwise_equal(b1, b2)
             host = np.arange(3 * n, dtype=np.float64) * (r + 1)
             out = np.zeros(3 * n)
-            drop.Allreduce(FakeDevice(host), FakeDevice(out))
+            # Device memory goes to MPI only when MPI takes device pointers (this
+            # "device" memory is host memory behind __cuda_array_interface__).
+            _aware.forget()
+            with env("PYCOLLECTIVE_GPU_AWARE", "1"):
+                drop.Allreduce(FakeDevice(host), FakeDevice(out))
+            _aware.forget()
             assert np.array_equal(out, host / (r + 1) * n * (n + 1) / 2)
             ints = np.arange(4, dtype=np.int32) << r
             got = np.zeros(4, np.int32) if r == 0 else None

@@ -22,11 +22,14 @@ accept what mpi4py accepts, read by the same rules, in the same order:
    way mpi4py does is safe with both kinds.  Strides are checked (C or F
    contiguous, as mpi4py's ``dlpack_is_contig``); a read-only tensor (flag
    of a versioned capsule) cannot be a receive buffer.
-3. Device memory -- ``__cuda_array_interface__``, or a DLPack device other
-   than the CPU -- cannot be read by the CPU: :class:`DeviceMemory` is
-   raised with a one-line reason, and the caller falls back to the MPI
-   library's own call (a CUDA-aware MPI handles it; pycollective never
-   touches it).
+3. Pinned (CUDA host) and managed memory is read in place like host
+   memory.  Device memory -- ``__cuda_array_interface__`` the CUDA driver
+   does not call host memory, or a CUDA or ROCm DLPack device -- cannot be
+   read by the CPU: :class:`DeviceMemory` is raised with a one-line reason
+   (which memory is which: :mod:`pycollective.data.buffers._classify`).  The
+   collectives find device buffers before they get here and stage them
+   through host memory, or hand them to an MPI library that takes device
+   pointers (:mod:`pycollective.device`).
 
 mpi4py's buffer *specifications* (``[buf, datatype]``, ``[buf, count,
 datatype]``, ``[buf, (count, displ), datatype]``, ``[buf, count, displ,

@@ -6,7 +6,9 @@ import numpy as np
 from mpi4py import MPI
 
 from ._common import RAW, BufferSpecError, DeviceMemory, Invalid
-from ._dlpack import KDL_CPU, dlpack_device, from_dlpack
+from ._dlpack import dlpack_device, from_dlpack
+from ._classify import HOST_DEVICES, classify, device_name
+from ._cai import cai_host_view
 
 def _not_a_buffer(obj, name):
     return TypeError(f"{name} must be a numpy array or a buffer (buffer protocol or DLPack), "
@@ -69,11 +71,15 @@ def memory(obj, name, writable) -> np.ndarray:
             raise BufferSpecError(f"{name} is not contiguous (buffer strides {view.strides})")
     device = dlpack_device(obj)
     if device is not None:
-        if device != KDL_CPU:
-            raise DeviceMemory(f"{name} is device memory (DLPack device type {device})")
+        if device not in HOST_DEVICES:  # pinned and managed memory: read in place
+            raise DeviceMemory(f"{name} is device memory (DLPack device type {device}, "
+                               f"{device_name(device)})")
         return from_dlpack(obj, name, writable)
-    if hasattr(obj, "__cuda_array_interface__"):
-        raise DeviceMemory(f"{name} is device memory (__cuda_array_interface__)")
+    kind = classify(obj)
+    if kind is not None:
+        if not kind.host:
+            raise DeviceMemory(f"{name} is device memory (__cuda_array_interface__)")
+        return cai_host_view(obj, name, writable)
     raise _not_a_buffer(obj, name)
 
 
@@ -99,9 +105,7 @@ def device_reason(*objs) -> Optional[str]:
             continue
         except TypeError:
             pass
-        device = dlpack_device(obj)
-        if device is not None and device != KDL_CPU:
-            return f"device memory (DLPack device type {device})"
-        if device is None and hasattr(obj, "__cuda_array_interface__"):
-            return "device memory (__cuda_array_interface__)"
+        kind = classify(obj)
+        if kind is not None and not kind.host:
+            return f"device memory ({kind.describe()})"
     return None

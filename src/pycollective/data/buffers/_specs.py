@@ -7,7 +7,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..kernels import BFLOAT16
-from ._common import RAW
+from ._common import RAW, Invalid
 from ._datatypes import bfloat16_datatype
 from ._dlpack import dlpack_device
 from ._memory import memory
@@ -41,6 +41,8 @@ def _bare(msg) -> bool:
         return True
     if isinstance(msg, (list, tuple)):
         return False
+    if isinstance(msg, Invalid):  # an unreadable buffer: its error is raised when it is read
+        return True
     return dlpack_device(msg) is not None or hasattr(msg, "__cuda_array_interface__")
 
 
