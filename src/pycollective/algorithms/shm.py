@@ -116,7 +116,7 @@ from .._shmem import (
 )
 # Through the module, not its names: tests stand its gates aside by patching them.
 from . import _mid
-from . import _shm_steps as _steps
+from . import _rsag_steps, _shm_steps as _steps
 from ._node import cross_reduce, reduce_range
 from ._shm_steps import REPLICATE_BYTES
 # Above this, single copy where the system allows it (else the slots).  Each
@@ -343,8 +343,10 @@ def shm_agreed(ctx, src, dst, kernel, values, board):
 
 
 def shm_repeated(ctx, dst, kernel, board):
-    """The registry's ``repeated``: a prepared small or sliced path, else None."""
-    return _steps.repeated(ctx, dst, kernel, board, _STATE, shm_agreed)
+    """The registry's ``repeated``: the reduce-scatter-allgather step where ranks have
+    cores of their own (:mod:`._rsag`), else a prepared small or sliced path, else None."""
+    return (_rsag_steps.repeated(ctx, dst, kernel, board, _STATE, shm_agreed)
+            or _steps.repeated(ctx, dst, kernel, board, _STATE, shm_agreed))
 
 
 def shm_cost(nranks, count, itemsize, alpha, beta, gamma):
