@@ -242,8 +242,10 @@ def test_ranks_on_the_older_steps_and_on_this_one_meet(monkeypatch, count):
             _check(comm, "float32", op, count, failures)
             _check(comm, "float16", op, count, failures)
         assert not failures, "; ".join(failures[:5])
-        # the repeated calls (two of each three, both ways) went on with the older data step
-        assert data_steps[0] >= 4 * 2 * (CALLS - 1), data_steps[0]
+        # on this step's ranks the repeated calls (two of each three, both ways) went on
+        # with the older data step (rank 0's older sliced step goes on inside its own)
+        if comm.Get_rank() != 0:
+            assert data_steps[0] >= 4 * 2 * (CALLS - 1), data_steps[0]
     finally:
         _free(comm)
 
