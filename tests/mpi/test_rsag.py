@@ -94,6 +94,7 @@ def _check(comm, dtype, op, count, failures, hits=None):
         everyone = [exact_values((q + i) % n, count, dtype, op) for q in range(n)]
         expected = exact_reduce(everyone, op, dtype)
         send = everyone[r]
+        send.flags.writeable = i != 1  # a read-only send buffer too
         original = send.copy()
         out = np.full_like(send, 99)
         pycollective.allreduce(send, out, op, comm=comm, algorithm="shm")

@@ -32,8 +32,9 @@ assembly).  The fold is the same left fold by the same kernels
 (``_kernels``) as the older steps', so results are bitwise the same.
 
 Waits: with a core per rank a waiting rank checks every peer still awaited
-once per pass, with a ``pause`` between passes and no system call; after
-``SPINS`` passes it hands back to Python (``LATE`` and the phase), which
+once per pass, with a ``pause`` between passes and no system call for the
+first ``PAUSES`` passes (then a ``sched_yield`` between passes: a peer that
+late is not running); after ``SPINS`` passes it hands back to Python (``LATE`` and the phase), which
 waits on with the call's deadline and side channel and calls again from
 that phase.  Where ranks outnumber cores the waits are ``_atomics.wait_own``'s
 (yields, then sleeps), so an oversubscribed node stays correct.
@@ -48,7 +49,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .._atomics import STRIDE, _fence, _load, raise_own, wait_own
+from .._atomics import STRIDE, _fence, _load, _sched_yield, raise_own, wait_own
 from .._kernels import _max, _max_f16, _min, _min_f16, _prod, _prod_f16, _sum, _sum_f16
 from .._views import view
 
@@ -59,7 +60,11 @@ DONE, WORDS_DIFFER, LATE = 0, 1, 2
 LINE_BYTES = 64
 # Fold block: the partial result and one operand stay in a core's L1 across the N passes.
 BLOCK_BYTES = 16 << 10
-SPINS = 1 << 16         # polling passes (a pause each) before a wait hands back to Python
+SPINS = 1 << 16         # polling passes before a wait hands back to Python
+# Passes with a pause only; the later ones give the core away (sched_yield) between
+# passes: a peer that late is not running, its core taken by another process (a node
+# busier than its affinity masks say), and spinning on would keep it from running.
+PAUSES = 1 << 11
 CALL_WORD = STRIDE - 1  # the call word's place in a rank's counter line (unused by _atomics)
 # The agreement row's last word: "my data are posted in this step's layout".  The
 # older folded steps write 1 there, the board agreement 0, so every path tells
@@ -125,7 +130,7 @@ def _poll(flags, rank, size, target, passes):
     so the caller's loads come after their stores), else the first peer still awaited."""
     base = flags.ctypes.data
     first = 0
-    for _ in range(max(1, passes)):  # at least one look: a zero budget still sees a done wait
+    for p in range(max(1, passes)):  # at least one look: a zero budget still sees a done wait
         awaited = -1
         for q in range(first, size):
             if q != rank and _load(base + q * STRIDE * 8) < target:
@@ -135,7 +140,10 @@ def _poll(flags, rank, size, target, passes):
             _fence()
             return -1
         first = awaited
-        _pause()
+        if p < PAUSES:
+            _pause()
+        else:
+            _sched_yield()
     return first
 
 
