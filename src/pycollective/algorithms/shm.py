@@ -61,6 +61,11 @@ shared ``src`` is read as a view (no copy-in into the slot, no
 ``process_vm_readv``), and a rank with a shared ``dst`` reduces its slice
 into it, from where the others copy it; other buffers go as above.
 
+Repeated calls up to 1 MiB, where every rank of the node has a core of its
+own, take one compiled reduce-scatter-allgather step instead of the two
+below (:mod:`._rsag`, :mod:`._rsag_steps`, docs/shm-rsag.md): 64-byte aligned
+slices, one metadata line per peer, waits that poll without system calls.
+
 Small messages (up to ``REPLICATE_BYTES`` = 4 KiB) take a shorter path:
 every rank copies its whole input into its slot, one sync, and every rank
 reduces the whole vector itself, operands in rank order 0..N-1.
