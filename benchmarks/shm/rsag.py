@@ -26,7 +26,7 @@ from mpi4py import MPI
 
 import pycollective
 from pycollective import _exact
-from pycollective.algorithms import _rsag_steps
+from pycollective.algorithms import _rsag_steps, _shm_steps
 
 
 def _timed(comm, send, out, calls):
@@ -49,7 +49,11 @@ def main():
     parser.add_argument("--count", type=float, nargs="+", default=[1e3, 1e4, 1e5])
     parser.add_argument("--rounds", type=int, default=11)
     parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--stores", type=int, choices=(0, 1), default=None,
+                        help="pin the older sliced step's stores (plain 0, non-temporal 1; "
+                             "default: each rank chooses while running)")
     args = parser.parse_args()
+    _shm_steps.FORCE_STORES = args.stores
     world = MPI.COMM_WORLD
     n, r = world.Get_size(), world.Get_rank()
     comms = {}
