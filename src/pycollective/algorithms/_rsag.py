@@ -64,7 +64,7 @@ SPINS = 1 << 16         # polling passes before a wait hands back to Python
 # Passes with a pause only; the later ones give the core away (sched_yield) between
 # passes: a peer that late is not running, its core taken by another process (a node
 # busier than its affinity masks say), and spinning on would keep it from running.
-PAUSES = 1 << 11
+PAUSES = 1 << 12
 CALL_WORD = STRIDE - 1  # the call word's place in a rank's counter line (unused by _atomics)
 # The agreement row's last word: "my data are posted in this step's layout".  The
 # older folded steps write 1 there, the board agreement 0, so every path tells
