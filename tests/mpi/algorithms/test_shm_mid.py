@@ -34,9 +34,16 @@ from pycollective.runtime.context import get_context
 from pycollective._errors import (CollectiveError, CollectiveMismatch, CollectiveTimeout,
                                   CommunicatorBroken, PeerFailed)
 from pycollective.node.group import DOUBLE_LIMIT
-from pycollective.algorithms.shm import mid as _mid, steps as _shm_steps, allreduce as shm
+from pycollective.algorithms.shm import mid as _mid, rsag_steps as _rsag_steps, steps as _shm_steps, allreduce as shm
 from _data import (MPI_OPS, bitwise_equal, check_allreduce, env, exact_reduce, exact_values,
                    random_values, rounding_bound)
+
+@pytest.fixture(autouse=True)
+def _older_steps(monkeypatch):
+    """These tests are the older compiled steps': the reduce-scatter-allgather step, which
+    repeated calls take where ranks have cores, stands aside (tests/mpi/test_rsag.py)."""
+    monkeypatch.setattr(_rsag_steps, "ENABLED", False)
+
 
 OPS = ["sum", "prod", "max", "min"]
 DTYPES = sorted(str(d) for d in _shm_steps.COMPILED)

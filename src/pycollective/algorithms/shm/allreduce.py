@@ -61,6 +61,11 @@ shared ``src`` is read as a view (no copy-in into the slot, no
 ``process_vm_readv``), and a rank with a shared ``dst`` reduces its slice
 into it, from where the others copy it; other buffers go as above.
 
+Repeated calls up to 1 MiB, where every rank of the node has a core of its
+own, take one compiled reduce-scatter-allgather step instead of the two
+below (:mod:`.rsag`, :mod:`.rsag_steps`, docs/shm-rsag.md): 64-byte aligned
+slices, one metadata line per peer, waits that poll without system calls.
+
 Small messages (up to ``REPLICATE_BYTES`` = 4 KiB) take a shorter path:
 every rank copies its whole input into its slot, one sync, and every rank
 reduces the whole vector itself, operands in rank order 0..N-1.
@@ -110,7 +115,7 @@ from ...node.group import (DOUBLE_LIMIT, SharedSlots, copy_in, copy_out, reduce_
                            reduce_own_slice, whole_node)
 # Through the module, not its names: tests stand its gates aside by patching them.
 from . import mid as _mid
-from . import steps as _steps
+from . import rsag_steps as _rsag_steps, steps as _steps
 from .common import cross_reduce, reduce_range
 from .steps import REPLICATE_BYTES
 # Above this, single copy where the system allows it (else the slots): each
@@ -332,8 +337,10 @@ def shm_agreed(ctx, src, dst, kernel, values, board):
 
 
 def shm_repeated(ctx, dst, kernel, board):
-    """The registry's ``repeated``: a prepared small or sliced path, else None."""
-    return _steps.repeated(ctx, dst, kernel, board, _STATE, shm_agreed)
+    """The registry's ``repeated``: the reduce-scatter-allgather step where ranks have
+    cores of their own (:mod:`.rsag`), else a prepared small or sliced path, else None."""
+    return (_rsag_steps.repeated(ctx, dst, kernel, board, _STATE, shm_agreed)
+            or _steps.repeated(ctx, dst, kernel, board, _STATE, shm_agreed))
 
 
 def shm_cost(nranks, count, itemsize, alpha, beta, gamma):

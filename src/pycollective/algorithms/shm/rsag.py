@@ -1,0 +1,321 @@
+"""shm's step for ranks with cores of their own: reduce-scatter then allgather, compiled.
+
+For the repeated calls up to 1 MiB (``rsag_steps.py`` is the Python side),
+one compiled call does what :mod:`.small` and :mod:`.mid` do, laid out
+for a node where every rank runs on its own core:
+
+0. post: this rank's agreement row and header (its own lines, read by the
+   others only when something differs), its input *except its own slice*
+   into its slot of the region this call uses, then one word beside its
+   counter, the *call word* (the call number mixed with a hash of the
+   agreement row and the fingerprint), then the counter to the first
+   target.
+1. wait for every other counter to reach the target, then compare every
+   rank's call word with this rank's: one cache line per peer carries the
+   counter and the call word, so a call that agrees reads N-1 metadata lines,
+   not six per peer.  A word that differs returns ``WORDS_DIFFER``: Python
+   compares the full rows and headers and raises the named error, or
+   follows ranks that took the older steps (``rsag_steps``).
+2. fold: the owner of each slice (64-byte aligned, :func:`line_bounds`)
+   combines that slice of all N inputs, operands in rank order 0..N-1 (its
+   own from ``src``), block by block, into the slice of its own slot and
+   ``dst``; raise the counter to the second target.
+3. wait for the second target, then copy every other slice of the result
+   from its owner's slot into ``dst``.
+
+Each rank reads about 2·M·(N-1)/N elements of the others' memory, where the
+small path's every-rank-reduces-all reads M·(N-1).  Every array is a 1-D
+C-contiguous view at an address (``node.views.view``), never a strided 2-D
+one: numba types those layout 'A' and compiles their loops to scalar code,
+while these copies and folds vectorise (``tests/algorithms/test_rsag.py`` reads the
+assembly).  The fold is the same left fold by the same kernels
+(``data.kernels``) as the older steps', so results are bitwise the same.
+
+Waits: with a core per rank a waiting rank checks every peer still awaited
+once per pass, with a ``pause`` between passes and no system call for the
+first ``PAUSES`` passes (then a ``sched_yield`` between passes: a peer that
+late is not running); after ``SPINS`` passes it hands back to Python (``LATE`` and the phase), which
+waits on with the call's deadline and side channel and calls again from
+that phase.  Where ranks outnumber cores the waits are ``node.atomics.wait_own``'s
+(yields, then sleeps), so an oversubscribed node stays correct.
+"""
+
+import platform
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from ...node.atomics import STRIDE, _fence, _load, _sched_yield, raise_own, wait_own
+from ...data.kernels import _max, _max_f16, _min, _min_f16, _prod, _prod_f16, _sum, _sum_f16
+from ...node.views import view
+
+__all__ = ["step", "step_half", "line_bounds", "call_word", "DONE", "WORDS_DIFFER", "LATE",
+           "CONTROL_WORDS", "FOLDED", "LINE_BYTES", "BLOCK_BYTES", "SPINS"]
+
+DONE, WORDS_DIFFER, LATE = 0, 1, 2
+LINE_BYTES = 64
+# Fold block: the partial result and one operand stay in a core's L1 across the N passes.
+BLOCK_BYTES = 16 << 10
+SPINS = 1 << 16         # polling passes before a wait hands back to Python
+# Passes with a pause only; the later ones give the core away (sched_yield) between
+# passes: a peer that late is not running, its core taken by another process (a node
+# busier than its affinity masks say), and spinning on would keep it from running.
+PAUSES = 1 << 12
+CALL_WORD = STRIDE - 1  # the call word's place in a rank's counter line (unused by node.atomics)
+# The agreement row's last word: "my data are posted in this step's layout".  The
+# older folded steps write 1 there, the board agreement 0, so every path tells
+# from the rows which layout a peer's data are in (``rsag_steps``).
+FOLDED = 2
+_MIX = -7046029254386353131  # 0x9E3779B97F4A7C15 as int64: odd, so number -> word is one-to-one
+_X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+
+# Control words: addresses and sizes this step reads, built once per plan and slots.
+(FLAGS, RANK, SIZE, COUNT, OP, SLOTS, _SLOTS_1, SLOT_BYTES, BOUNDS, BOARD, _BOARD_1,
+ BOARD_WIDTH, VALUES, VALUES_LEN, HEADERS, _HEADERS_1, HEADER_WIDTH, FINGERPRINT,
+ FINGERPRINT_LEN, DEDICATED, PASSES) = range(21)
+CONTROL_WORDS = 21
+
+_jit = numba.njit(cache=True, nogil=True)
+
+
+@intrinsic
+def _pause(typingctx):
+    # x86's PAUSE (llvm.x86.sse2.pause): a spinning core yields its pipeline to the
+    # other hyperthread and stops flooding the memory system; nothing elsewhere.
+    def codegen(context, builder, signature, args):
+        if _X86:
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []),
+                                                "llvm.x86.sse2.pause")
+            builder.call(fn, [])
+        return context.get_dummy_value()
+    return types.void(), codegen
+
+
+def line_bounds(count, size, itemsize):
+    """The N + 1 slice bounds (elements) of ``count`` items over ``size`` owners, every inner
+    bound on a 64-byte line of the slot (each owner gets whole lines, within one of the others)."""
+    per_line = max(1, LINE_BYTES // itemsize)
+    lines = -(-count // per_line)
+    return np.array([min(count, (lines * q // size) * per_line) for q in range(size + 1)],
+                    np.int64)
+
+
+@_jit
+def call_word(number, values, fingerprint):
+    """The call number mixed with a hash of the agreement row (past its number words) and
+    the fingerprint: equal on two ranks that make the same call, else unequal but for a
+    2**-64 chance (the full rows and headers decide then)."""
+    h = np.int64(-3750763034362895579)  # FNV-1a's offset basis, as int64
+    for j in range(2, values.shape[0]):
+        h = (h ^ values[j]) * np.int64(1099511628211)
+    for j in range(fingerprint.shape[0]):
+        h = (h ^ fingerprint[j]) * np.int64(1099511628211)
+    return h ^ (number * np.int64(_MIX))
+
+
+@_jit
+def _copy(src, dst):
+    for i in range(src.shape[0]):
+        dst[i] = src[i]
+
+
+@_jit
+def _poll(flags, rank, size, target, passes):
+    """Wait until every other counter has reached ``target``: each pass checks every peer
+    from the first still awaited, a pause between passes.  -1 when all have (then a fence,
+    so the caller's loads come after their stores), else the first peer still awaited."""
+    base = flags.ctypes.data
+    first = 0
+    for p in range(max(1, passes)):  # at least one look: a zero budget still sees a done wait
+        awaited = -1
+        for q in range(first, size):
+            if q != rank and _load(base + q * STRIDE * 8) < target:
+                if awaited < 0:
+                    awaited = q
+        if awaited < 0:
+            _fence()
+            return -1
+        first = awaited
+        if p < PAUSES:
+            _pause()
+        else:
+            _sched_yield()
+    return first
+
+
+@_jit
+def _wait(ctl, flags, target):
+    rank, size = ctl[RANK], ctl[SIZE]
+    if ctl[DEDICATED]:
+        return _poll(flags, rank, size, target, ctl[PASSES])
+    return wait_own(flags, rank, size, target)
+
+
+@_jit
+def _slot(ctl, q, sides, dtype):
+    """Rank ``q``'s slot in this call's region, as a 1-D C array of ``COUNT`` elements."""
+    return view(ctl[SLOTS + (sides >> 1 & 1)] + q * ctl[SLOT_BYTES], ctl[COUNT], dtype)
+
+
+@_jit
+def _post(ctl, flags, src, target, number, sides):
+    """Phase 0: agreement row, header, input (but the own slice), call word, counter."""
+    rank, size = ctl[RANK], ctl[SIZE]
+    board = view(ctl[BOARD + (sides & 1)], (size, ctl[BOARD_WIDTH]), np.int64)
+    values = view(ctl[VALUES], ctl[VALUES_LEN], np.int64)
+    headers = view(ctl[HEADERS + (sides >> 2 & 1)], (size, ctl[HEADER_WIDTH]), np.int64)
+    fingerprint = view(ctl[FINGERPRINT], ctl[FINGERPRINT_LEN], np.int64)
+    k = values.shape[0]
+    width = board.shape[1]
+    for j in range(k):
+        board[rank, j] = values[j]
+    for j in range(k, width - 1):
+        board[rank, j] = 0
+    board[rank, width - 1] = FOLDED
+    headers[rank, 0] = number
+    for j in range(fingerprint.shape[0]):
+        headers[rank, 1 + j] = fingerprint[j]
+    bounds = view(ctl[BOUNDS], size + 1, np.int64)
+    lo, hi = bounds[rank], bounds[rank + 1]
+    mine = _slot(ctl, rank, sides, src.dtype)
+    _copy(src[:lo], mine[:lo])
+    _copy(src[hi:], mine[hi:])
+    flags[rank * STRIDE + CALL_WORD] = call_word(number, values, fingerprint)
+    raise_own(flags, rank, target)  # fences: everything above before the counter
+
+
+@_jit
+def _words_agree(ctl, flags):
+    rank, size = ctl[RANK], ctl[SIZE]
+    mine = flags[rank * STRIDE + CALL_WORD]
+    for q in range(size):
+        if flags[q * STRIDE + CALL_WORD] != mine:
+            return False
+    return True
+
+
+@_jit
+def _fold(op, a, b, out):
+    if op == 0:
+        _sum(a, b, out)
+    elif op == 1:
+        _prod(a, b, out)
+    elif op == 2:
+        _max(a, b, out)
+    else:
+        _min(a, b, out)
+
+
+@_jit
+def _fold_half(op, a, b, out):
+    if op == 0:
+        _sum_f16(a, b, out)
+    elif op == 1:
+        _prod_f16(a, b, out)
+    elif op == 2:
+        _max_f16(a, b, out)
+    else:
+        _min_f16(a, b, out)
+
+
+@_jit
+def _operand(ctl, q, sides, src, b, e):
+    if q == ctl[RANK]:
+        return src[b:e]
+    return _slot(ctl, q, sides, src.dtype)[b:e]
+
+
+@_jit
+def _copy_out(ctl, sides, dst):
+    """Phase 3: every other owner's slice of the result, from its slot into ``dst``."""
+    rank, size = ctl[RANK], ctl[SIZE]
+    bounds = view(ctl[BOUNDS], size + 1, np.int64)
+    for q in range(size):
+        lo, hi = bounds[q], bounds[q + 1]
+        if q != rank and hi > lo:
+            _copy(_slot(ctl, q, sides, dst.dtype)[lo:hi], dst[lo:hi])
+
+
+# The two steps differ only in their fold's kernels (float16 on its bit patterns): the
+# same body written twice, as numba compiles one function per kernel it calls.
+
+@_jit
+def step(ctl, source, dst, target, number, sides, phase):
+    """The call from ``phase`` (0 at first; what a ``LATE`` returned after Python's wait):
+    ``(verdict, phase)``, verdict DONE, WORDS_DIFFER or LATE.  ``target``: the first of
+    the call's two barrier targets; ``sides``: bit 0 the board, 1 the slot region, 2 the
+    header set."""
+    flags = view(ctl[FLAGS], ctl[SIZE] * STRIDE, np.int64)
+    # by address: a read-only send buffer is typed apart from the slots' views, which a
+    # fold's operands must match; nothing here writes it
+    src = view(source.ctypes.data, source.shape[0], dst.dtype)
+    if phase == 0:
+        _post(ctl, flags, src, target, number, sides)
+        phase = 1
+    if phase == 1:
+        if _wait(ctl, flags, target) >= 0:
+            return LATE, 1
+        if not _words_agree(ctl, flags):
+            return WORDS_DIFFER, 2
+        phase = 2
+    if phase == 2:
+        rank, size, op = ctl[RANK], ctl[SIZE], ctl[OP]
+        bounds = view(ctl[BOUNDS], size + 1, np.int64)
+        lo, hi = bounds[rank], bounds[rank + 1]
+        mine = _slot(ctl, rank, sides, dst.dtype)
+        block = max(1, BLOCK_BYTES // dst.itemsize)
+        for b in range(lo, hi, block):
+            e = min(b + block, hi)
+            out = mine[b:e]
+            _fold(op, _operand(ctl, 0, sides, src, b, e), _operand(ctl, 1, sides, src, b, e), out)
+            for q in range(2, size):
+                _fold(op, out, _operand(ctl, q, sides, src, b, e), out)
+            _copy(out, dst[b:e])  # after the fold: in place, dst[b:e] was an operand
+        raise_own(flags, rank, target + 1)
+        phase = 3
+    if _wait(ctl, flags, target + 1) >= 0:
+        return LATE, 3
+    _copy_out(ctl, sides, dst)
+    return DONE, 3
+
+
+@_jit
+def step_half(ctl, source, dst, target, number, sides, phase):
+    """:func:`step` for float16 (``source`` and ``dst`` as uint16)."""
+    flags = view(ctl[FLAGS], ctl[SIZE] * STRIDE, np.int64)
+    # by address: a read-only send buffer is typed apart from the slots' views, which a
+    # fold's operands must match; nothing here writes it
+    src = view(source.ctypes.data, source.shape[0], dst.dtype)
+    if phase == 0:
+        _post(ctl, flags, src, target, number, sides)
+        phase = 1
+    if phase == 1:
+        if _wait(ctl, flags, target) >= 0:
+            return LATE, 1
+        if not _words_agree(ctl, flags):
+            return WORDS_DIFFER, 2
+        phase = 2
+    if phase == 2:
+        rank, size, op = ctl[RANK], ctl[SIZE], ctl[OP]
+        bounds = view(ctl[BOUNDS], size + 1, np.int64)
+        lo, hi = bounds[rank], bounds[rank + 1]
+        mine = _slot(ctl, rank, sides, dst.dtype)
+        block = max(1, BLOCK_BYTES // dst.itemsize)
+        for b in range(lo, hi, block):
+            e = min(b + block, hi)
+            out = mine[b:e]
+            _fold_half(op, _operand(ctl, 0, sides, src, b, e),
+                       _operand(ctl, 1, sides, src, b, e), out)
+            for q in range(2, size):
+                _fold_half(op, out, _operand(ctl, q, sides, src, b, e), out)
+            _copy(out, dst[b:e])
+        raise_own(flags, rank, target + 1)
+        phase = 3
+    if _wait(ctl, flags, target + 1) >= 0:
+        return LATE, 3
+    _copy_out(ctl, sides, dst)
+    return DONE, 3

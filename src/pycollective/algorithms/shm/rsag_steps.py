@@ -1,0 +1,189 @@
+"""The Python side of :mod:`.rsag`: shm's repeated calls up to 1 MiB where ranks have cores.
+
+:func:`repeated` is what shm's ``repeated`` asks first: a :class:`RepeatedRsag`
+for a compiled dtype up to ``DOUBLE_LIMIT`` where the step is wanted (``ENABLED``;
+by default where no rank of the node sleeps in its waits, i.e. the node's ranks
+do not outnumber the CPUs they may run on: ``_barrier.wait_modes``, agreed once
+per communicator), else None and the older prepared steps (``steps``).
+
+A repeated call is its bookkeeping (call number, barrier targets, board and
+region sides) and one compiled call.  What follows in Python only when the
+compiled step hands back:
+
+* ``LATE``: a peer is slow; wait on with the call's deadline and side channel
+  (``FlagBarrier.wait``), then resume the step from its phase.
+* ``WORDS_DIFFER``: some rank's call word is not this rank's.  The full rows
+  and headers say why, the same on every rank: rows that differ are a
+  disagreement (``False``: the agreement's verdict raises its named error);
+  rows that agree but a rank that posted them without this step's layout
+  (the board agreement, or the older folded steps, which after the same
+  sync go on with their data step) mean every rank follows with the older
+  data step at the call's second target; headers that differ raise
+  ``CollectiveMismatch`` through ``NodeGroup.check``.
+
+Slot regions alternate call by call as in the older steps (``SharedSlots.begin``),
+so the region is taken, and the parity flipped, only once the call is done.
+"""
+
+import functools
+
+import numpy as np
+
+from ...node.group import DOUBLE_LIMIT
+from ...node.views import address
+from . import rsag as _rsag, small as _small
+from . import steps as _steps
+
+__all__ = ["ENABLED", "repeated", "RepeatedRsag", "wanted"]
+
+# None: where no rank of the node sleeps in its waits; True or False: always or never
+# (tests, and benchmarks comparing the two steps; read when a call's plan is made).
+ENABLED = None
+
+
+def wanted(board):
+    """Whether a repeated call on ``board``'s node takes :mod:`.rsag`'s step."""
+    if ENABLED is not None:
+        return bool(ENABLED)
+    group = getattr(board, "group", None)
+    return group is not None and not group.barrier.wakes
+
+
+def repeated(ctx, dst, kernel, board, key, fallback):
+    """A :class:`RepeatedRsag` for ``dst``'s dtype and size, or None where it does not apply."""
+    if dst.dtype not in _steps.COMPILED or dst.nbytes > DOUBLE_LIMIT or not wanted(board):
+        return None
+    return RepeatedRsag(ctx, dst, kernel, board, key, fallback)
+
+
+@functools.lru_cache(maxsize=64)
+def _bounds(count, size, itemsize):
+    """Shared by every caller (nothing writes them); kept alive by the cache and the caller."""
+    return _rsag.line_bounds(count, size, itemsize)
+
+
+def _rewind(group, number):
+    """Leave ``group``'s step count after the call's first sync, as the older steps do
+    there, so that their data step (``_shm_steps.small_data``, ``mid_data``) takes the
+    call's second target and checks the header set this call published."""
+    group._number, group._step, group._unchecked = number, 1, None
+    group._last = (number << 24) + 1
+
+
+class RepeatedRsag(_steps._Repeated):
+    """The repeated call of one dtype and size through :func:`._rsag.step`."""
+
+    def __init__(self, ctx, dst, kernel, board, key, fallback):
+        super().__init__(ctx, dst, kernel, board, key, fallback)
+        self.step = _rsag.step_half if self.half else _rsag.step
+        self.nbytes = dst.nbytes
+        self.base = None  # control words but the plan's (values, fingerprint)
+
+    def _resolve(self, state, call, dst):
+        node = state.node
+        if not (state.error is None and call is not None and node.capacity >= 2 * self.nbytes
+                and getattr(self.board, "group", None) is node.group):
+            return ()
+        group = node.group
+        flags, boards, headers = group.barrier.words, group.boards, group.headers
+        if not all(a.dtype == np.int64 and a.flags.c_contiguous
+                   for a in (flags, boards, headers)):
+            raise AssertionError("control words need C-contiguous int64 arrays")
+        segment = node.flat(np.uint8)
+        bounds = _bounds(self.count, group.size, self.dtype.itemsize)
+        c = np.zeros(_rsag.CONTROL_WORDS, np.int64)
+        c[_rsag.FLAGS], c[_rsag.RANK], c[_rsag.SIZE] = address(flags), group.rank, group.size
+        c[_rsag.COUNT], c[_rsag.OP] = self.count, 0
+        half = node.capacity // 2
+        c[_rsag.SLOTS], c[_rsag.SLOTS + 1] = address(segment), address(segment) + half
+        c[_rsag.SLOT_BYTES], c[_rsag.BOUNDS] = node.capacity, address(bounds)
+        c[_rsag.BOARD], c[_rsag.BOARD + 1] = address(boards[0]), address(boards[1])
+        c[_rsag.BOARD_WIDTH] = boards.shape[2]
+        c[_rsag.HEADERS], c[_rsag.HEADERS + 1] = address(headers[0]), address(headers[1])
+        c[_rsag.HEADER_WIDTH] = headers.shape[2]
+        c[_rsag.DEDICATED] = 0 if group.barrier.sleep else 1
+        c[_rsag.PASSES] = _rsag.SPINS
+        self.base = c
+        # what the addresses point into, kept alive with this object
+        return (segment, bounds, flags, boards, headers)
+
+    def _words(self, values, fingerprint, op):
+        """The control words for this agreement vector and fingerprint (kept alive by the caller)."""
+        if not all(a.dtype == np.int64 and a.flags.c_contiguous for a in (values, fingerprint)):
+            raise AssertionError("control words need C-contiguous int64 arrays")
+        ctl = self.base.copy()
+        ctl[_rsag.VALUES], ctl[_rsag.VALUES_LEN] = address(values), values.size
+        ctl[_rsag.FINGERPRINT] = address(fingerprint)
+        ctl[_rsag.FINGERPRINT_LEN] = fingerprint.size
+        ctl[_rsag.OP] = op
+        return ctl
+
+    def fast(self, number, plan, src, dst):
+        """The call numbered ``number`` as one compiled step (see ``_call.run_remembered``):
+        None once done, else the rest of the call, to run with a call record."""
+        node = self.node
+        if node is None or node.segment is not self.segment:
+            return self  # nothing done yet: the whole call, with its record
+        ctl = self.ctl
+        if plan is not self.plan:
+            ctl = self.ctl = self._words(plan.template, plan.words, plan.fingerprint[3])
+            self.plan = plan
+        target, side = node.group.opening_steps(number, 2)
+        parity = node.parity
+        sides = self.board.take_side() | parity << 1 | side << 2
+        if self.half:
+            src, dst = src.view(np.uint16), dst.view(np.uint16)
+        verdict, phase = self.step(ctl, src, dst, target, number, sides, 0)
+        if verdict == _rsag.DONE:
+            node.parity, node.dirty = parity ^ 1, True  # SharedSlots.begin, grown already
+            return None
+        return functools.partial(self._rest, ctl, target, number, sides, verdict, phase)
+
+    def _rest(self, ctl, target, number, sides, verdict, phase, ctx, call, values, src, dst):
+        return self._after(ctl, call, target, number, sides, verdict, phase, values, src, dst)
+
+    def __call__(self, ctx, call, values, src, dst):
+        """The call with its record (not the fast way: the first after the slots changed,
+        or a busy communicator)."""
+        node = self.node
+        if node is None or node.segment is not self.segment:
+            return self._again(ctx, call, values, src, dst)
+        group = node.group
+        target, headers = _steps._folded_step(group, call)
+        group.compiled_step(call, check=True)  # the second target: target + 1
+        side = 0 if address(headers) == address(group.headers[0]) else 1
+        ctl = self._words(values, call.fingerprint_words, call.fingerprint[3])
+        sides = self.board.take_side() | node.parity << 1 | side << 2
+        data_src, data_dst = (src.view(np.uint16), dst.view(np.uint16)) if self.half \
+            else (src, dst)
+        verdict, phase = self.step(ctl, data_src, data_dst, target, call.number, sides, 0)
+        return self._after(ctl, call, target, call.number, sides, verdict, phase, values, src,
+                           dst)
+
+    def _after(self, ctl, call, target, number, sides, verdict, phase, values, src, dst):
+        """Whatever the compiled step handed back: a slow rank, call words that differ."""
+        node = self.node
+        group = node.group
+        data_src, data_dst = (src.view(np.uint16), dst.view(np.uint16)) if self.half \
+            else (src, dst)
+        while verdict != _rsag.DONE:
+            if verdict == _rsag.LATE:
+                group.barrier.wait(target if phase == 1 else target + 1)  # with the deadline
+            else:  # WORDS_DIFFER: the full rows and headers, read alike by every rank
+                board = group.boards[sides & 1]
+                if not _small.rows_agree(board, values, group.size):
+                    self.board.fold(board, values)
+                    return False
+                if not np.all(board[:, -1] == _rsag.FOLDED):
+                    # a rank posted its row without this step's layout: all follow the
+                    # older data step, which that rank takes next
+                    _rewind(group, number)
+                    if self.nbytes <= _steps.REPLICATE_BYTES:
+                        _steps.small_data(node, call, src, dst)
+                    else:
+                        _steps.mid_data(node, call, src, dst)
+                    return True
+                group.check(call, group.headers[sides >> 2 & 1])  # raises if they differ
+            verdict, phase = self.step(ctl, data_src, data_dst, target, number, sides, phase)
+        node.parity, node.dirty = (sides >> 1 & 1) ^ 1, True
+        return True

@@ -1,0 +1,299 @@
+""""shm"'s reduce-scatter-allgather step for repeated calls up to 1 MiB (algorithms/_rsag.py).
+
+Here the step is switched on whatever the node (``_rsag_steps.ENABLED``), so
+it also runs at 3 and 4 ranks on 2 cores (its sleeping waits) as well as
+with a core per rank (its polling waits):
+
+* every compiled dtype and op, in place and out of place, exact data bitwise
+  right, the send buffer untouched, the step really taken, at sizes 0, 1,
+  N-1, N, N+1, primes, around the 64-byte slice bounds and at the step's
+  limits (the small path's 4 KiB, 1 MiB, and one element past it);
+* rounding data with NaN, infinities and signed zeros bitwise the same as
+  the older steps' results and the same on every rank;
+* ranks that disagree (count, op) raise on every rank and the communicator
+  stays right; ranks on the older steps and ranks on this one meet;
+* every wait handed back to Python at once, a slow rank, a rank later than
+  the timeout.
+"""
+
+import re
+import time
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import pycollective
+from pycollective.runtime import env as _env_settings
+from pycollective.runtime import watch as _watch
+from pycollective.node.atomics import set_budget
+from pycollective.runtime.context import get_context
+from pycollective._errors import CollectiveError, CollectiveTimeout, PeerFailed
+from pycollective.node.group import DOUBLE_LIMIT
+from pycollective.algorithms.shm import rsag as _rsag
+from pycollective.algorithms.shm import rsag_steps as _rsag_steps
+from pycollective.algorithms.shm import steps as _shm_steps
+from pycollective.algorithms.shm import allreduce as shm
+from _data import (Replicas, bitwise_equal, env, exact_reduce, exact_values, random_values)
+
+OPS = ["sum", "prod", "max", "min"]
+DTYPES = sorted(str(d) for d in _shm_steps.COMPILED)
+CALLS = 3  # the first call of a shape takes the full path; the later ones the step
+
+
+def _fresh(world=MPI.COMM_WORLD):
+    with env(_env_settings.SHM_CMA.name, "0"):
+        comm = world.Dup()
+        pycollective.allreduce(np.zeros(1), np.empty(1), comm=comm, algorithm="shm")
+    return comm
+
+
+def _free(comm):
+    comm.Barrier()
+    private, status = get_context(comm).comm, MPI.Status()
+    while private.Iprobe(MPI.ANY_SOURCE, _watch.TAG_NOTICE, status):
+        private.recv(source=status.Get_source(), tag=_watch.TAG_NOTICE)
+    comm.Barrier()
+    comm.Free()
+
+
+@contextmanager
+def _counted():
+    """Count the compiled step's calls (both kinds); plans made inside take the counter."""
+    hits = [0]
+    originals = _rsag.step, _rsag.step_half
+
+    def wrap(fn):
+        def counted(*args):
+            hits[0] += 1
+            return fn(*args)
+        return counted
+    _rsag.step, _rsag.step_half = wrap(originals[0]), wrap(originals[1])
+    try:
+        yield hits
+    finally:
+        _rsag.step, _rsag.step_half = originals
+
+
+@pytest.fixture
+def on(monkeypatch):
+    monkeypatch.setattr(_rsag_steps, "ENABLED", True)
+
+
+def _sizes(n, itemsize):
+    line = 64 // itemsize
+    top = DOUBLE_LIMIT // itemsize
+    return sorted({0, 1, n - 1, n, n + 1, 13, 101, 997, line - 1, line, line + 1,
+                   line * n - 1, line * n, line * n + 1, line * (n + 1) + 1,
+                   (4 << 10) // itemsize, (4 << 10) // itemsize + 1, 10007, top - 1, top})
+
+
+def _check(comm, dtype, op, count, failures, hits=None):
+    """CALLS exact calls out of place and in place, rank data shifted call by call."""
+    n, r = comm.Get_size(), comm.Get_rank()
+    before = None if hits is None else hits[0]
+    for i in range(CALLS):
+        everyone = [exact_values((q + i) % n, count, dtype, op) for q in range(n)]
+        expected = exact_reduce(everyone, op, dtype)
+        send = everyone[r]
+        send.flags.writeable = i != 1  # a read-only send buffer too
+        original = send.copy()
+        out = np.full_like(send, 99)
+        pycollective.allreduce(send, out, op, comm=comm, algorithm="shm")
+        inplace = send.copy()
+        pycollective.allreduce(MPI.IN_PLACE, inplace, op, comm=comm, algorithm="shm")
+        label = f"{dtype} {op} count={count} call {i}"
+        if not bitwise_equal(out, expected):
+            failures.append(f"{label}: {int(np.count_nonzero(out != expected))} wrong")
+        if not bitwise_equal(inplace, expected):
+            failures.append(f"{label} in place: wrong")
+        if not bitwise_equal(send, original):
+            failures.append(f"{label}: sendbuf modified")
+    if hits is not None and count and hits[0] == before:
+        failures.append(f"{dtype} {op} count={count}: the step was not taken")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_every_dtype_and_op_exact(on):
+    comm = _fresh()
+    n = comm.Get_size()
+    failures = []
+    try:
+        with _counted() as hits:
+            for dtype in DTYPES:
+                line = 64 // np.dtype(dtype).itemsize
+                for op in OPS:
+                    for count in (1, n + 1, line * n + 1, 1009):
+                        _check(comm, dtype, op, count, failures, hits)
+        assert not failures, f"{len(failures)} failures: " + "; ".join(failures[:5])
+    finally:
+        _free(comm)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("dtype,op", [("float32", "sum"), ("float16", "sum"), ("int8", "max"),
+                                      ("float64", "min"), ("uint16", "prod")])
+def test_sizes_around_slices_and_limits(on, dtype, op):
+    comm = _fresh()
+    n = comm.Get_size()
+    failures = []
+    try:
+        with _counted() as hits:
+            for count in _sizes(n, np.dtype(dtype).itemsize):
+                _check(comm, dtype, op, count, failures, hits)
+            # one element past the step's limit: the older path, still right
+            _check(comm, dtype, op, DOUBLE_LIMIT // np.dtype(dtype).itemsize + 1, failures)
+        assert not failures, f"{len(failures)} failures: " + "; ".join(failures[:5])
+    finally:
+        _free(comm)
+
+
+def _awkward(rank, count, dtype, op, seed):
+    x = random_values(rank, count, dtype, op, seed)
+    rng = np.random.default_rng([seed, rank, count, 7])
+    specials = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0], dtype)
+    at = rng.integers(0, count, max(1, count // 50))
+    x[at] = specials[rng.integers(0, specials.size, at.size)]
+    return x
+
+
+@pytest.mark.mpi(min_size=2)
+def test_rounding_nan_and_zeros_bitwise_as_the_older_steps(monkeypatch):
+    """The same calls on a communicator whose plans take the older steps and on one whose
+    plans take this one: the same bits (the same left fold by the same kernels), on every
+    rank."""
+    old, new = _fresh(), _fresh()
+    n, r = new.Get_size(), new.Get_rank()
+    failures, replicas = [], Replicas()
+    try:
+        with _counted() as hits:
+            for dtype in ("float16", "float32", "float64"):
+                for op in OPS:
+                    for count in (7, 1000, 4097, 30011):
+                        results = []
+                        for comm, enabled in ((old, False), (new, True)):
+                            monkeypatch.setattr(_rsag_steps, "ENABLED", enabled)
+                            for i in range(CALLS):
+                                send = _awkward((r + i) % n, count, dtype, op, 1)
+                                out = np.empty_like(send)
+                                pycollective.allreduce(send, out, op, comm=comm,
+                                                       algorithm="shm")
+                            results.append(out)
+                        where = f"{dtype} {op} count={count}"
+                        if not bitwise_equal(*results):
+                            failures.append(f"{where}: differs from the older step")
+                        replicas.add(where, results[1])
+        failures += [f"{w}: ranks differ" for w in replicas.differ(new)]
+        assert hits[0] > 0
+        assert not failures, f"{len(failures)} failures: " + "; ".join(failures[:5])
+    finally:
+        _free(old)
+        _free(new)
+
+
+def _everyone_raised(comm, raised):
+    kinds = comm.allgather(None if raised is None else type(raised).__name__)
+    assert all(k is not None for k in kinds), kinds
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("count", [300, 3001])
+def test_ranks_that_disagree_raise_everywhere_and_the_comm_stays_right(on, count):
+    """Plans for both shapes on every rank, then rank 0 calls the other shape (a count,
+    an op): every rank raises, and the next calls are right."""
+    comm = _fresh()
+    r = comm.Get_rank()
+    failures = []
+    try:
+        with _counted() as hits:  # around the plans' making: they take the counter
+            for dtype, op in (("float32", "sum"), ("float32", "max")):
+                _check(comm, dtype, op, count, failures)
+                _check(comm, dtype, op, count + 1, failures)
+            for mine in (dict(count=count + (r == 0), op="sum"),
+                         dict(count=count, op="max" if r == 0 else "sum")):
+                send = exact_values(r, mine["count"], "float32", mine["op"])
+                raised = None
+                try:
+                    pycollective.allreduce(send, np.empty_like(send), mine["op"], comm=comm,
+                                           algorithm="shm")
+                except (ValueError, CollectiveError) as exc:
+                    raised = exc
+                _everyone_raised(comm, raised)
+                _check(comm, "float32", "sum", count, failures, hits)
+        assert not failures, "; ".join(failures[:5])
+    finally:
+        _free(comm)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("count", [300, 3001, 100003])
+def test_ranks_on_the_older_steps_and_on_this_one_meet(monkeypatch, count):
+    """Rank 0's plans take the older prepared steps, the others' this one: each call
+    falls back to the older data step on every rank, bitwise right."""
+    monkeypatch.setattr(_rsag_steps, "ENABLED", MPI.COMM_WORLD.Get_rank() != 0)
+    comm = _fresh()
+    failures, data_steps = [], [0]
+    for name in ("small_data", "mid_data"):
+        original = getattr(_shm_steps, name)
+
+        def counted(*args, _original=original):
+            data_steps[0] += 1
+            return _original(*args)
+        monkeypatch.setattr(_shm_steps, name, counted)
+    try:
+        for op in ("sum", "min"):
+            _check(comm, "float32", op, count, failures)
+            _check(comm, "float16", op, count, failures)
+        assert not failures, "; ".join(failures[:5])
+        # on this step's ranks the repeated calls (two of each three, both ways) went on
+        # with the older data step (rank 0's older sliced step goes on inside its own)
+        if comm.Get_rank() != 0:
+            assert data_steps[0] >= 4 * 2 * (CALLS - 1), data_steps[0]
+    finally:
+        _free(comm)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("count", [300, 3001])
+def test_waits_handed_back_slow_ranks_and_the_timeout(on, monkeypatch, count):
+    """Every wait handed back to Python at once (one polling pass, a zero budget), a
+    rank late in every call: bitwise right; a rank later than the timeout is named."""
+    monkeypatch.setattr(_rsag, "SPINS", 0)
+    comm = _fresh()
+    n, r = comm.Get_size(), comm.Get_rank()
+    failures = []
+    try:
+        _check(comm, "float32", "sum", count, failures)  # the plan, made with SPINS = 0
+        group = shm._state(get_context(comm)).node.group
+        barrier = group.barrier
+        set_budget(barrier.words, group.rank, 0, 0, 0, 0, barrier.wakes)
+        try:
+            with _counted():
+                for i in range(2 * n):
+                    send = exact_values((r + i) % n, count, "float32", "sum")
+                    out = np.empty_like(send)
+                    if r == i % n:
+                        time.sleep(2e-3)
+                    pycollective.allreduce(send, out, "sum", comm=comm, algorithm="shm")
+                    expected = exact_reduce([exact_values((q + i) % n, count, "float32", "sum")
+                                             for q in range(n)], "sum", "float32")
+                    if not bitwise_equal(out, expected):
+                        failures.append(f"call {i} wrong")
+        finally:
+            barrier.set_sleep(barrier.sleep, barrier.wakes)  # the budget back
+        assert not failures, "; ".join(failures)
+        pycollective.set_timeout(0.5, comm=comm)
+        _check(comm, "float32", "sum", count, failures)  # a new plan for the new timeout
+        comm.Barrier()
+        if r == n - 1:
+            time.sleep(1.5)
+        send = exact_values(r, count, "float32", "sum")
+        with pytest.raises((CollectiveTimeout, PeerFailed)) as info:
+            pycollective.allreduce(send, np.empty_like(send), "sum", comm=comm, algorithm="shm")
+        if r != n - 1:
+            assert isinstance(info.value, CollectiveTimeout)
+            named = re.search(r"ranks \[([\d, ]+)\] did not arrive", str(info.value))
+            assert named and n - 1 in {int(q) for q in named[1].split(",")}, str(info.value)
+    finally:
+        _free(comm)
