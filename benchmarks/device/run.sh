@@ -25,7 +25,8 @@
 #      one rank per core, N in $NS, M in $COUNTS, interleaved rounds
 #      (benchmarks/peers/compare.py; its report judges issue 30's targets)
 # Results: $OUT/device-results.tgz (report.md, points.csv, the GPU summary,
-# machine.txt, every launch's log) and $OUT/device.log.
+# machine.txt, every launch's log; unpacked in $RES, default $OUT/res) and
+# $OUT/device.log.
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -41,7 +42,7 @@ PEER_LIBS=${PEER_LIBS:-mpich openmpi impi}
 TOTAL_S=${TOTAL_S:-540}
 GPU_S=${GPU_S:-170}
 export WHEELS VENVS PYTHON3 PYTHONUNBUFFERED=1 I_MPI_FABRICS=shm
-res=$OUT/res
+res=${RES:-$OUT/res}  # everything measured; only the tarball and the log need to leave
 contenders="pycollective $PEER_LIBS"
 # shellcheck disable=SC2086
 peers_args=(--venvs "$VENVS" --ns $NS --counts $COUNTS --rounds "$ROUNDS" --contenders $contenders
