@@ -244,17 +244,3 @@ def test_a_bad_setting_says_so(monkeypatch):
     with pytest.raises(ValueError, match="PYCOLLECTIVE_GPU_AWARE='maybe'"):
         _aware.local_decision()
 
-
-def test_mid_sized_buffers_are_cut_into_pieces_that_overlap():
-    """Below 4 chunks of the largest size, a buffer still gets up to 4 chunks (its copies
-    overlap its reduction), none under 1 MiB unless the buffer is; the same on every rank."""
-    assert len(_pipeline.chunk_bounds(10 ** 6, 4)) == 4               # 4 MB: 4 x 1 MB
-    assert len(_pipeline.chunk_bounds(1000, 4)) == 1                  # 4 KB: one chunk
-    assert len(_pipeline.chunk_bounds(3 * 2 ** 18, 8)) == 4           # 6 MiB: 4 x 1.5 MiB
-    big = _pipeline.chunk_bounds(10 ** 8, 4)
-    assert max(b - a for a, b in big) * 4 <= 8 << 20 and len(big) == 48
-    for count in (0, 1, 262145, 10 ** 6 + 3):
-        bounds = _pipeline.chunk_bounds(count, 4)
-        assert bounds == _pipeline.chunk_bounds(count, 4)
-        assert [a for a, _ in bounds[1:]] == [b for _, b in bounds[:-1]]
-        assert sum(b - a for a, b in bounds) == count

@@ -30,13 +30,11 @@ from ..data.partition import chunk_bounds as _even_bounds
 from . import _pool
 
 SLOTS = 3
-# Bytes per chunk: at most _env.GPU_CHUNK_BYTES (8 MiB), large enough that a
-# chunk's host reduction is not dominated by its per-call cost, small enough
-# that the first copy and the last copy back, which nothing overlaps, are
-# short.  Below that a chunk is a PIECES-th of the buffer, but not under
-# MIN_CHUNK_BYTES: a 4 MB buffer's copies overlap its reduction too.
-PIECES = 4
-MIN_CHUNK_BYTES = 1 << 20
+# Bytes per chunk: _env.GPU_CHUNK_BYTES (8 MiB), large enough that a chunk's host
+# reduction is not dominated by its per-call cost, small enough that the first
+# copy and the last copy back, which nothing overlaps, are short.  Cutting a
+# 4 MB buffer into four chunks, so that its copies overlap too, took twice as
+# long on the GPU machine (docs/results/gpu.md).
 
 
 def chunk_bytes():
@@ -50,11 +48,7 @@ def chunk_bounds(count, itemsize, target=None):
     rank with the same count gets the same chunks; the chunks are as even
     as possible and none is longer than the target.
     """
-    if target is None:
-        largest = chunk_bytes()
-        target = min(largest, max(min(MIN_CHUNK_BYTES, largest),
-                                  -(-count * max(itemsize, 1) // PIECES)))
-    per = max(target // max(itemsize, 1), 1)
+    per = max((target or chunk_bytes()) // max(itemsize, 1), 1)
     n = -(-count // per)
     if n == 0:
         return []
