@@ -25,7 +25,7 @@ LAYERS = [
     {"_env", "_ops", "_units", "_table", "_timing", "_root", "_exact", "_about", "_kernels",
      "_partition", "_registry", "_errors", "_atomics", "_views", "_settings", "_buffers",
      "_buffers.*",
-     "compression"},
+     "compression", "timeline", "timeline.*"},
     {"_watch", "_context"},
     {"_shmem", "_cma", "_segment", "_barrier", "_shared"},
     {"algorithms", "algorithms.*"},

@@ -22,6 +22,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _choose, _registry, _settings, _watch
+from . import timeline as _timeline
 from ._agree import Facts, agree, needs_agreement, verdict
 from ._context import Context, comm_settings, get_context
 from ._errors import CollectiveTimeout, ConfigurationError
@@ -133,6 +134,8 @@ def prepare(what: str, comm, local: Callable[[], NamedTuple], timeout, algorithm
 
 def run_algorithm(call: _watch.Call, algo, ctx, *args) -> None:
     """Run an algorithm; any failure breaks the communicator and reaches every rank."""
+    if _timeline.ACTIVE is not None:  # timeline hook: the kernel's calls are "reduce" phases
+        args = _timeline.ACTIVE.kernels(args)
     try:
         return algo(ctx, *args)
     except ConfigurationError:
@@ -166,6 +169,9 @@ class Checked(NamedTuple):
 
 def call_collective(what, comm, local, timeout, one_rank):
     """Check, agree, then run the algorithm; ``one_rank(checked)`` on a single rank."""
+    if _timeline.ACTIVE is not None and _timeline.ACTIVE.outside():  # timeline hook: the call
+        return _timeline.ACTIVE.traced(call_collective, what, (what, comm, local, timeout,
+                                                               one_rank))
     ctx, checked, call = prepare(what, comm, local, timeout)
     if checked.own:
         src, dst = checked.own
@@ -184,6 +190,8 @@ def call_collective(what, comm, local, timeout, one_rank):
             reason = algo.usable(ctx)
             if reason:
                 raise ValueError(reason)
+        if _timeline.ACTIVE is not None:  # timeline hook: what the call runs
+            _timeline.ACTIVE.about(algorithm=algo.name)
         run_algorithm(call, algo.run, ctx, *checked.args)
     finally:
         leave(call)
@@ -206,6 +214,9 @@ def run_remembered(ctx, plan, src, dst) -> None:
     of a small call's time (about 3 us of Python at N = 2; a contended lock,
     a broken communicator and plans without a fast way go the way below).
     """
+    if _timeline.ACTIVE is not None:  # timeline hook: what the call runs
+        _timeline.ACTIVE.about(algorithm=plan.algo.name, number=ctx.calls + 1, comm=ctx.label,
+                               count=plan.fingerprint[1], dtype=str(src.dtype), repeated=True)
     fast = plan.fast
     if fast is not None and ctx.broken is None and ctx.lock.acquire(False):
         try:

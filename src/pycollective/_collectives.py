@@ -35,6 +35,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _auto, _buffers, _fastpath, _registry, _watch
+from . import timeline as _timeline
 from . import compression as _compression
 from . import algorithms as _algorithms  # noqa: F401  (importing it registers every algorithm)
 from ._agree import Facts
@@ -155,6 +156,9 @@ def allreduce(sendbuf, recvbuf, op=MPI.SUM, *, comm=None, algorithm: str = "auto
             communicator is unusable since an earlier failure
             (``CommunicatorBroken``).  The communicator is then unusable.
     """
+    if _timeline.ACTIVE is not None and _timeline.ACTIVE.outside():  # timeline hook: the call
+        return _timeline.ACTIVE.traced(allreduce, "allreduce", (sendbuf, recvbuf, op), dict(
+            comm=comm, algorithm=algorithm, timeout=timeout, compress=compress))
     if compress is not None:
         return _compression.allreduce(allreduce, sendbuf, recvbuf, op, compress, comm=comm,
                                       algorithm=algorithm, timeout=timeout)
@@ -191,6 +195,8 @@ def allreduce(sendbuf, recvbuf, op=MPI.SUM, *, comm=None, algorithm: str = "auto
         if dst.size == 0:
             return recvbuf
         algo = _resolve_algorithm(ctx, checked)
+        if _timeline.ACTIVE is not None:  # timeline hook: what the call runs
+            _timeline.ACTIVE.about(algorithm=algo.name)
         _fastpath.remember(ctx, algorithm, op, timeout, algo, checked.kernel, dst,
                            tuple(checked.facts) + settings_facts(call.settings), call)
         run_algorithm(call, algo.run, ctx, src, dst, checked.kernel)

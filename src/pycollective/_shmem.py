@@ -31,6 +31,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _watch
+from . import timeline as _timeline
 from ._atomics import STRIDE
 from ._barrier import FlagBarrier, wait_modes
 from ._context import Key
@@ -144,7 +145,11 @@ class NodeGroup:
             self._unchecked = self.publish(call)
         self._step += 1
         self._last = (call.number << 24) + self._step
+        if _timeline.ACTIVE is not None:  # timeline hook: waiting for the node's ranks
+            _timeline.ACTIVE.open("sync", "wait")
         self.barrier.sync(self._last)
+        if _timeline.ACTIVE is not None:  # timeline hook: the sync's end
+            _timeline.ACTIVE.close()
         if check and self._unchecked is not None:
             rows, self._unchecked = self._unchecked, None
             self.check(call, rows)

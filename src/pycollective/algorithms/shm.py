@@ -101,6 +101,7 @@ import math
 import time
 
 from .. import _cma, _env, _shared, _watch
+from .. import timeline as _timeline
 from .._context import Key
 from .._errors import ConfigurationError
 from .._partition import chunk_bounds
@@ -162,11 +163,19 @@ def shm_allreduce_on(node, src, dst, kernel, shared=None, stores=None):
         return
     kind, started = stores.next() if stores is not None and trailing else (0, 0.0)
     copy = _mid.stream_copy if kind else None
+    if _timeline.ACTIVE is not None:  # timeline hook: the step (ended after it)
+        _timeline.ACTIVE.open("copy-in", "copy")
     copy_in(src, slots[rank], rank, bounds, copy)
+    if _timeline.ACTIVE is not None:
+        _timeline.ACTIVE.close()
     node.sync()  # its fence orders the non-temporal stores before the counter
     reduce_own_slice(kernel, src, slots, rank, bounds, dst, copy)
     node.sync()
+    if _timeline.ACTIVE is not None:  # timeline hook: the step (ended after it)
+        _timeline.ACTIVE.open("copy-out", "copy")
     copy_out(dst, slots, rank, bounds)
+    if _timeline.ACTIVE is not None:
+        _timeline.ACTIVE.close()
     if trailing:
         node.sync()
     if started:
@@ -309,8 +318,12 @@ def shm_allreduce(ctx, src, dst, kernel):
     if state.cross is not None and dst.nbytes > SINGLE_COPY_BYTES:
         cma_allreduce_on(state.cross, src, dst, kernel, _shared.registry_of(state.node.group, ctx))
     elif _steps.compiled(state, call, dst):
+        if _timeline.ACTIVE is not None:  # timeline hook: which of shm's ways ran
+            _timeline.ACTIVE.about(step="compiled small step")
         _steps.small_data(state.node, call, src, dst)
     elif _steps.mid_compiled(state.node, call, dst):
+        if _timeline.ACTIVE is not None:  # timeline hook: which of shm's ways ran
+            _timeline.ACTIVE.about(step="compiled sliced step")
         _steps.mid_data(state.node, call, src, dst)
     else:
         shm_allreduce_on(state.node, src, dst, kernel, _shared.registry_of(state.node.group, ctx),
@@ -335,7 +348,11 @@ def shm_agreed(ctx, src, dst, kernel, values, board):
     if done is not None:
         return done
     before = values.tobytes()
+    if _timeline.ACTIVE is not None:  # timeline hook: the agreement (ended below)
+        _timeline.ACTIVE.open("agreement")
     board.max(values)
+    if _timeline.ACTIVE is not None:
+        _timeline.ACTIVE.close()
     if values.tobytes() != before:
         return False
     shm_allreduce(ctx, src, dst, kernel)
