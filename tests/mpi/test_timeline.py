@@ -60,7 +60,8 @@ def trace():
         request.Wait()
     finally:
         written = timeline.stop()
-    assert written == path and timeline.ACTIVE is None
+    # (off again; with pycollective.torch in use, its profiler ranges stay on)
+    assert written == path and not isinstance(timeline.ACTIVE, timeline.Recorder)
     doc = None
     if rank == 0:
         with open(path) as f:
@@ -110,10 +111,11 @@ def test_trace_is_chrome_trace_json_with_one_process_per_rank(trace):
     assert any(e["name"] == "allreduce shm 1 x float32" for e in calls)
     assert any(e["name"].startswith("bcast ") and e["args"]["dtype"] == "bytes" for e in calls)
     assert any(e["name"].startswith("reduce_scatter ") for e in calls)
-    assert all(e["args"]["algorithm"] not in ("?", "auto") for e in calls)
+    # (a call on a one-rank communicator moves nothing and runs no algorithm)
+    assert all(e["args"]["algorithm"] not in ("?", "auto") for e in calls if "comm" in e["args"])
     # every (comm, call number) of the world communicator appears once per rank
     world = collections.Counter((e["pid"], e["args"]["number"]) for e in calls
-                                if e["args"]["comm"].startswith("MPI_COMM_WORLD"))
+                                if e["args"].get("comm", "").startswith("MPI_COMM_WORLD"))
     assert set(world.values()) == {1}
 
 
@@ -128,9 +130,10 @@ def test_spans_nest_and_follow_each_other(trace):
             end = e["ts"] + e["dur"]
             if e["cat"] == "call":
                 assert e["ts"] >= last_end - SLACK_US, f"calls overlap on rank {pid}: {e}"
-                comm = e["args"]["comm"]
-                assert e["args"]["number"] > numbers[comm]  # call numbers go up with time
-                numbers[comm] = e["args"]["number"]
+                comm = e["args"].get("comm")
+                if comm is not None:  # (one-rank communicators number no calls)
+                    assert e["args"]["number"] > numbers[comm]  # numbers go up with time
+                    numbers[comm] = e["args"]["number"]
                 call, open_phases, last_end = e, [], end
                 continue
             assert call is not None, f"a phase outside any call: {e}"
@@ -188,7 +191,7 @@ def test_clock_offsets_are_stated_and_applied(trace):
     by_call = collections.defaultdict(dict)
     for e in trace["traceEvents"]:
         if e["ph"] == "X" and e["cat"] == "call" and e["name"].startswith("allreduce") \
-                and e["args"]["comm"].startswith("MPI_COMM_WORLD") and e["tid"] == 0:
+                and e["args"].get("comm", "").startswith("MPI_COMM_WORLD") and e["tid"] == 0:
             by_call[e["args"]["number"]][e["pid"]] = e
     assert by_call
     for number, ranks in by_call.items():
@@ -219,8 +222,8 @@ def test_summary_agrees_with_the_trace(trace):
     starts = collections.defaultdict(lambda: collections.defaultdict(dict))
     for e in trace["traceEvents"]:
         if e["ph"] == "X" and e["cat"] == "call":
-            key = (e["name"].split()[0], e["args"]["algorithm"])
-            call = (e["args"]["comm"], e["args"]["number"])
+            key = (e["name"].split()[0], e["args"].get("algorithm", "?"))
+            call = (e["args"].get("comm", "?"), e["args"].get("number", id(e)))
             spans[key][call].append(e["dur"])
             starts[key][call][e["pid"]] = e["ts"]
     assert set(rows) == set(spans)
@@ -246,7 +249,7 @@ def test_summary_agrees_with_the_trace(trace):
 
 
 def test_off_leaves_nothing_behind():
-    assert timeline.ACTIVE is None
+    assert not isinstance(timeline.ACTIVE, timeline.Recorder)
     x = np.ones(8)
     pycollective.allreduce(MPI.IN_PLACE, x, algorithm="ring")  # no recorder: nothing recorded, nothing raised
     assert np.all(x == MPI.COMM_WORLD.Get_size())
