@@ -214,9 +214,10 @@ def run_remembered(ctx, plan, src, dst) -> None:
     of a small call's time (about 3 us of Python at N = 2; a contended lock,
     a broken communicator and plans without a fast way go the way below).
     """
-    if _timeline.ACTIVE is not None:  # timeline hook: what the call runs
-        _timeline.ACTIVE.about(algorithm=plan.algo.name, number=ctx.calls + 1, comm=ctx.label,
-                               count=plan.fingerprint[1], dtype=str(src.dtype), repeated=True)
+    timeline = _timeline.ACTIVE
+    if timeline is not None:  # timeline hook: what the call runs
+        timeline.about(algorithm=plan.algo.name, number=ctx.calls + 1, comm=ctx,
+                       count=plan.fingerprint[1], dtype=str(src.dtype), repeated=True)
     fast = plan.fast
     if fast is not None and ctx.broken is None and ctx.lock.acquire(False):
         try:
@@ -224,10 +225,14 @@ def run_remembered(ctx, plan, src, dst) -> None:
             number = ctx.calls
             values = plan.template
             values[0], values[1] = number, -number  # the plan's own: calls hold the lock
+            if timeline is not None:  # timeline hook: the compiled step (ended below)
+                timeline.open("compiled step", "step")
             try:
                 rest = fast(number, plan, src, dst)
             except BaseException as exc:  # broken off midway: the communicator breaks
                 rest = _reraise(exc)
+            if timeline is not None:
+                timeline.close()
             if rest is not None:
                 _run_rest(ctx, plan, number, rest, src, dst)
         finally:

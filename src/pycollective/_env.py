@@ -146,3 +146,10 @@ SHM_WAIT = _setting(
 RANKS_PER_NODE = _setting(
     "PYCOLLECTIVE_RANKS_PER_NODE", str.strip, "",
     "emulated node layout for hierarchical: k ranks per node, or sizes like 2,4")
+TIMELINE = _setting(
+    "PYCOLLECTIVE_TIMELINE", os.path.expanduser, "",
+    "record every collective of the job into this Chrome trace file, written by rank 0 at "
+    "the end (docs/timeline.md); default: no recording")
+TIMELINE_CALLS = _setting(
+    "PYCOLLECTIVE_TIMELINE_CALLS", parse_positive_int, 100_000,
+    "calls the timeline keeps per thread, the oldest dropped first (default 100000)")

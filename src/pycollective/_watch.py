@@ -102,7 +102,7 @@ def begin(ctx, what, fingerprint, settings, tag_offset=0, words=None, number=Non
     call = Call(ctx, what, number, fingerprint, settings, tag_offset, words)
     _local.call = call
     if _timeline.ACTIVE is not None and fingerprint:  # timeline hook: the call's facts
-        _timeline.ACTIVE.about(number=number, comm=ctx.label, count=fingerprint[1],
+        _timeline.ACTIVE.about(number=number, comm=ctx, count=fingerprint[1],
                                dtype=_dtype_name(fingerprint))
     return call
 

@@ -318,13 +318,17 @@ def shm_allreduce(ctx, src, dst, kernel):
     if state.cross is not None and dst.nbytes > SINGLE_COPY_BYTES:
         cma_allreduce_on(state.cross, src, dst, kernel, _shared.registry_of(state.node.group, ctx))
     elif _steps.compiled(state, call, dst):
-        if _timeline.ACTIVE is not None:  # timeline hook: which of shm's ways ran
-            _timeline.ACTIVE.about(step="compiled small step")
+        if _timeline.ACTIVE is not None:  # timeline hook: the compiled step (ended after it)
+            _timeline.ACTIVE.open("compiled step", "step")
         _steps.small_data(state.node, call, src, dst)
+        if _timeline.ACTIVE is not None:
+            _timeline.ACTIVE.close()
     elif _steps.mid_compiled(state.node, call, dst):
-        if _timeline.ACTIVE is not None:  # timeline hook: which of shm's ways ran
-            _timeline.ACTIVE.about(step="compiled sliced step")
+        if _timeline.ACTIVE is not None:  # timeline hook: the compiled step (ended after it)
+            _timeline.ACTIVE.open("compiled step", "step")
         _steps.mid_data(state.node, call, src, dst)
+        if _timeline.ACTIVE is not None:
+            _timeline.ACTIVE.close()
     else:
         shm_allreduce_on(state.node, src, dst, kernel, _shared.registry_of(state.node.group, ctx),
                          state.stores_for(dst.nbytes))

@@ -27,8 +27,8 @@ without a viewer (:mod:`._summary`).
 The call path holds no reference to this package's internals: it tests
 :data:`ACTIVE` (None when off: one attribute read per call is all it costs)
 and, when it is set, calls the recorder's hooks (``traced``, ``about``,
-``open``/``close``, ``instant``, ``kernels``).  This package imports nothing
-of pycollective's: it sits below everything that reports to it.
+``open``/``close``, ``instant``, ``kernels``).  Of pycollective it imports
+only ``_env`` (its two settings): it sits below everything that reports to it.
 """
 
 import atexit
@@ -39,15 +39,15 @@ import threading
 
 from mpi4py import MPI
 
+from .. import _env
 from . import _clock, _writer
 from ._recorder import Recorder
 
-__all__ = ["ACTIVE", "start", "stop", "recording", "flush", "DEFAULT_CAPACITY"]
+__all__ = ["ACTIVE", "start", "stop", "recording", "flush"]
 
 #: The running recorder, or None.  The call path reads it once per call.
 ACTIVE = None
 
-DEFAULT_CAPACITY = 100_000
 GATHER_LIMIT_S = 30.0   # longest wait for the other ranks when writing the file
 _EXIT_LIMIT_S = 5.0     # the same at exit after an exception: the job is ending anyway
 _state = {}             # path, comm, meta of the recording in progress
@@ -70,7 +70,7 @@ def start(path, capacity=None):
     if ACTIVE is not None and not isinstance(ACTIVE, _TorchRanges):
         raise RuntimeError(f"pycollective.timeline is already recording to {_state['path']}")
     if capacity is None:
-        capacity = int(os.environ.get("PYCOLLECTIVE_TIMELINE_CALLS", DEFAULT_CAPACITY))
+        capacity = _env.TIMELINE_CALLS.get()
     recorder = Recorder(capacity, bridge=None if _bridge is None else _ranged)
     comm = MPI.COMM_WORLD.Dup()
     measured = _clock.measure(comm)
@@ -202,5 +202,5 @@ def _ranged(what):
 
 
 atexit.register(_at_exit)  # registered after mpi4py's MPI_Finalize: runs before it
-if os.environ.get("PYCOLLECTIVE_TIMELINE"):
-    start(os.environ["PYCOLLECTIVE_TIMELINE"])
+if _env.TIMELINE.get():
+    start(_env.TIMELINE.get())

@@ -15,6 +15,8 @@ def main(argv=None):
                              "call, late arrivals and the share of each phase")
     summary.add_argument("path")
     summary.add_argument("--json", action="store_true", help="the rows as JSON")
+    summary.add_argument("--skip", type=int, default=0, metavar="N", help="leave out the "
+                         "first N calls on each communicator (setup, compiling kernels)")
     summary.add_argument("--plot", metavar="PNG", help="draw each rank's time per phase "
                          "(needs matplotlib: the 'plot' extra)")
     merge = sub.add_parser("merge", help="join the PATH.rankN.json parts ranks wrote when a "
@@ -27,12 +29,12 @@ def main(argv=None):
         return 0
     doc = _summary.load(args.path)
     if args.json:
-        json.dump(_summary.summarize(doc), sys.stdout, indent=1)
+        json.dump(_summary.summarize(doc, args.skip), sys.stdout, indent=1)
         print()
     else:
-        print("\n".join(_summary.table(doc)))
+        print("\n".join(_summary.table(doc, args.skip)))
     if args.plot:
-        _summary.plot(doc, args.plot)
+        _summary.plot(doc, args.plot, args.skip)
     return 0
 
 

@@ -18,6 +18,8 @@ import collections
 import threading
 import time
 
+from mpi4py import MPI
+
 MAX_PHASES = 512  # phases kept per call; the rest are counted in the call's "dropped"
 # Phases of one name and depth that follow each other within this many ns
 # are kept as one (a kernel applied block by block is one "reduce"): the
@@ -72,6 +74,7 @@ class Recorder:
         self._local = threading.local()
         self._lock = threading.Lock()
         self.bridge = bridge  # torch's record_function, or None (pycollective.torch sets it)
+        self._comms = {}      # a call's context -> its name, the same on every rank
 
     # -- tracks ---------------------------------------------------------------------------
 
@@ -119,10 +122,37 @@ class Recorder:
                 ranged.__exit__(None, None, None)
 
     def about(self, **info):
-        """Facts about this thread's call: algorithm, comm, number, count, dtype, op."""
+        """Facts about this thread's call: algorithm, comm (its context), number, count, dtype."""
         call = self._call()
         if call is not None:
+            ctx = info.get("comm")
+            if ctx is not None:
+                info["comm"] = self._comms.get(ctx) or self._comm_name(ctx)
             call.info.update(info)
+
+    def _comm_name(self, ctx):
+        """``world ranks 0-3 #1``: the ranks of ``COMM_WORLD`` in the call's communicator,
+        and which communicator of those ranks it is in the order this rank first saw them,
+        so that every rank names a communicator alike (its handle differs by rank)."""
+        try:
+            group = ctx.comm.Get_group()
+            world = MPI.COMM_WORLD.Get_group()
+            ranks = MPI.Group.Translate_ranks(group, list(range(group.Get_size())), world)
+            group.Free()
+            world.Free()
+        except MPI.Exception:
+            ranks = []
+        runs, start = [], None
+        for i, q in enumerate(ranks):
+            if start is None:
+                start = q
+            if i + 1 == len(ranks) or ranks[i + 1] != q + 1:
+                runs.append(f"{start}" if start == q else f"{start}-{q}")
+                start = None
+        base = f"world ranks {','.join(runs) or '?'}"
+        seen = sum(1 for name in self._comms.values() if name.rsplit(" #", 1)[0] == base)
+        name = self._comms[ctx] = f"{base} #{seen + 1}"
+        return name
 
     # -- phases and instants --------------------------------------------------------------------
 

@@ -12,8 +12,10 @@ algorithm) the summary gives:
   ranks arrived last most often;
 * the shares of the ranks' time in each phase category directly under the
   call (agreement, wait, reduce, copy; a wait inside the agreement counts
-  as agreement), and the rest ("other": argument checks, Python between
-  the phases, the algorithm's work no hook marks).
+  as agreement; "step": an algorithm's compiled step, which does its
+  agreement, copies and reduction in one call, shm's below 1 MiB), and the
+  rest ("other": argument checks, Python between the phases, the
+  algorithm's work no hook marks).
 
 :func:`per_rank` gives each rank's time per category, which ``--plot`` draws.
 """
@@ -21,7 +23,7 @@ algorithm) the summary gives:
 import collections
 import json
 
-CATEGORIES = ("agreement", "wait", "reduce", "copy")
+CATEGORIES = ("agreement", "wait", "reduce", "copy", "step")
 
 
 def load(path):
@@ -29,9 +31,10 @@ def load(path):
         return json.load(f)
 
 
-def calls_of(doc):
+def calls_of(doc, skip=0):
     """``{(collective, algorithm): {(comm, number): {rank: call}}}`` with each call's
-    ``start``, ``dur`` and ``phases`` (category -> µs, direct children only)."""
+    ``start``, ``dur`` and ``phases`` (category -> µs, direct children only); ``skip``:
+    leave out each communicator's first calls (its setup, the kernels' compilation)."""
     events = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
     by_track = collections.defaultdict(list)
     for e in events:
@@ -46,7 +49,8 @@ def calls_of(doc):
                 current = {"start": e["ts"], "dur": e["dur"], "phases": {}}
                 what = e["name"].split(" ")[0]
                 key = (args.get("comm", "?"), args.get("number", id(current)))
-                out[(what, args.get("algorithm", "?"))][key][rank] = current
+                if args.get("number", skip + 1) > skip:
+                    out[(what, args.get("algorithm", "?"))][key][rank] = current
             elif current is not None and e["args"].get("depth") == 1:
                 phases = current["phases"]
                 phases[e["cat"]] = phases.get(e["cat"], 0.0) + e["dur"]
@@ -63,10 +67,10 @@ def _percentile(values, q):
     return values[lo] + (values[hi] - values[lo]) * (at - lo)
 
 
-def summarize(doc):
+def summarize(doc, skip=0):
     """One row per (collective, algorithm): see the module docstring.  Times in µs."""
     rows = []
-    for (what, algo), calls in sorted(calls_of(doc).items()):
+    for (what, algo), calls in sorted(calls_of(doc, skip).items()):
         times, total, late, phases = [], 0.0, 0.0, dict.fromkeys(CATEGORIES, 0.0)
         last = collections.Counter()
         for ranks in calls.values():
@@ -88,10 +92,10 @@ def summarize(doc):
     return rows
 
 
-def per_rank(doc):
+def per_rank(doc, skip=0):
     """``{rank: {category or "other": µs}}`` summed over every call."""
     out = {}
-    for calls in calls_of(doc).values():
+    for calls in calls_of(doc, skip).values():
         for ranks in calls.values():
             for rank, c in ranks.items():
                 mine = out.setdefault(rank, dict.fromkeys(CATEGORIES + ("other",), 0.0))
@@ -105,7 +109,7 @@ def _us(t):
     return f"{t / 1000:.2f} ms" if t >= 1000 else f"{t:.1f} us"
 
 
-def table(doc):
+def table(doc, skip=0):
     """The summary as text lines."""
     meta = doc.get("otherData", {})
     lines = [f"# {meta.get('ranks', '?')} ranks; clock offsets (ns, to rank 0's): "
@@ -115,7 +119,9 @@ def table(doc):
     header = ("collective", "algorithm", "calls", "median", "p99", "late", "last ranks (calls)",
               *CATEGORIES, "other")
     rows = [header]
-    for r in summarize(doc):
+    if skip:
+        lines.append(f"# leaving out the first {skip} calls on each communicator")
+    for r in summarize(doc, skip):
         rows.append((r["collective"], r["algorithm"], str(r["calls"]), _us(r["median_us"]),
                      _us(r["p99_us"]), f"{r['late_share']:.0%}",
                      " ".join(f"{q}({n})" for q, n in r["last_ranks"]) or "-",
@@ -128,7 +134,7 @@ def table(doc):
     return lines
 
 
-def plot(doc, out):
+def plot(doc, out, skip=0):
     """Draw each rank's time in each phase (stacked bars) into the image ``out``."""
     try:
         import matplotlib
@@ -136,19 +142,19 @@ def plot(doc, out):
         import matplotlib.pyplot as plt
     except ImportError as exc:
         raise SystemExit("--plot needs matplotlib: pip install 'pycollective[plot]'") from exc
-    ranks = per_rank(doc)
+    ranks = per_rank(doc, skip)
     fig, ax = plt.subplots(figsize=(7, 1.2 + 0.45 * len(ranks)), dpi=100)
     left = [0.0] * len(ranks)
     labels = [f"rank {r}" for r in ranks]
     colors = {"agreement": "#4c72b0", "wait": "#dd8452", "reduce": "#55a868",
-              "copy": "#8172b3", "other": "#c7c7c7"}
+              "copy": "#8172b3", "step": "#937860", "other": "#c7c7c7"}
     for cat in CATEGORIES + ("other",):
         widths = [ranks[r][cat] / 1000 for r in ranks]
         ax.barh(labels, widths, left=left, color=colors[cat], label=cat)
         left = [a + b for a, b in zip(left, widths)]
     ax.invert_yaxis()
     ax.set_xlabel("time in collectives (ms), by phase")
-    ax.legend(ncol=5, fontsize="small", loc="lower center", bbox_to_anchor=(0.5, 1.0),
+    ax.legend(ncol=6, fontsize="small", loc="lower center", bbox_to_anchor=(0.5, 1.0),
               frameon=False)
     fig.tight_layout()
     fig.savefig(out)
