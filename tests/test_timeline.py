@@ -79,10 +79,14 @@ def test_a_job_ending_with_an_exception_on_one_rank_keeps_that_ranks_calls(tmp_p
                          env=dict(os.environ, PYTHONPATH=str(ROOT / "src")),
                          capture_output=True, text=True, timeout=LIMIT)
     assert out.returncode == 0, out.stderr
+    # (the job's PYCOLLECTIVE_TIMELINE still set: the summary must not write over the trace)
+    before = trace.read_bytes()
     summary = subprocess.run([sys.executable, "-m", "pycollective.timeline", "summary",
-                              str(trace)], env=dict(os.environ, PYTHONPATH=str(ROOT / "src")),
+                              str(trace)], env=dict(os.environ, PYTHONPATH=str(ROOT / "src"),
+                                                    PYCOLLECTIVE_TIMELINE=str(trace)),
                              capture_output=True, text=True, timeout=LIMIT)
     assert summary.returncode == 0, summary.stderr
+    assert trace.read_bytes() == before
     assert any(line.split()[:3] == ["allreduce", "ring", "4"]
                for line in summary.stdout.splitlines()), summary.stdout
 

@@ -43,7 +43,7 @@ from .. import _env
 from . import _clock, _writer
 from ._recorder import Recorder
 
-__all__ = ["ACTIVE", "start", "stop", "recording", "flush"]
+__all__ = ["ACTIVE", "start", "stop", "recording", "flush", "discard"]
 
 #: The running recorder, or None.  The call path reads it once per call.
 ACTIVE = None
@@ -133,6 +133,16 @@ def flush():
     if recorder is not None:
         part, meta = _part(recorder)
         _writer.write_part(_state["path"], _state["comm"].Get_rank(), part, meta)
+
+
+def discard():
+    """Stop recording without writing anything (this process only, never waits)."""
+    global ACTIVE
+    with _lock:
+        if _state.get("recorder") is not None:
+            ACTIVE = _TorchRanges() if _bridge is not None else None
+            _state["comm"].Free()
+            _state.clear()
 
 
 def _at_exit():

@@ -4,7 +4,7 @@ import argparse
 import json
 import sys
 
-from . import _summary, _writer
+from . import _summary, _writer, discard
 
 
 def main(argv=None):
@@ -23,6 +23,9 @@ def main(argv=None):
                            "job ended with an exception into PATH")
     merge.add_argument("path")
     args = parser.parse_args(argv)
+    # PYCOLLECTIVE_TIMELINE set for the job may have started a recording in this
+    # process too: its file at exit would overwrite the trace read here.
+    discard()
     if args.command == "merge":
         ranks = _writer.merge(args.path)
         print(f"{args.path}: ranks {ranks}")
