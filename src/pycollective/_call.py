@@ -217,7 +217,7 @@ def run_remembered(ctx, plan, src, dst) -> None:
     timeline = _timeline.ACTIVE
     if timeline is not None:  # timeline hook: what the call runs
         timeline.about(algorithm=plan.algo.name, number=ctx.calls + 1, comm=ctx,
-                       count=plan.fingerprint[1], dtype=str(src.dtype), repeated=True)
+                       count=plan.fingerprint[1], dtype=src.dtype, repeated=True)
     fast = plan.fast
     if fast is not None and ctx.broken is None and ctx.lock.acquire(False):
         try:

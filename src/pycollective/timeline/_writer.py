@@ -39,7 +39,8 @@ def events(rank, snapshot, offset, origin, now_ns=None):
         out.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid,
                     "args": {"name": f"rank {rank} {name}"}})
         for t0, t1, what, info, phases, points, dropped in calls:
-            args = dict(info, rank=rank)
+            args = {k: _plain(v) for k, v in info.items()}  # (a dtype is named when written)
+            args["rank"] = rank
             if dropped:
                 args["phases dropped"] = dropped
             out.append({"ph": "X", "cat": "call", "name": call_name(what, info), "pid": rank,
