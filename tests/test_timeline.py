@@ -118,3 +118,44 @@ def test_cli_usage_errors(argv):
                           env=dict(os.environ, PYTHONPATH=str(ROOT / "src")),
                           capture_output=True, text=True, timeout=LIMIT)
     assert proc.returncode == 2 and "usage" in proc.stderr
+
+
+def test_the_ring_buffer_keeps_the_last_calls_and_counts_the_rest():
+    from pycollective.timeline._recorder import MAX_PHASES, Recorder
+    recorder = Recorder(3)
+
+    def call(i, fail=False):
+        recorder.about(number=i)
+        recorder.open("agreement")
+        recorder.open("wait")
+        if fail:
+            raise RuntimeError("broken off")  # both phases still open
+        recorder.close()
+        recorder.close()
+
+    for i in range(1, 6):
+        recorder.traced(call, "allreduce", (i,))
+    with pytest.raises(RuntimeError):
+        recorder.traced(call, "allreduce", (6, True))
+    (_, _, calls, _, recorded), = recorder.snapshot()
+    assert recorded == 6 and [c[3]["number"] for c in calls] == [4, 5, 6]
+    t0, t1, _, info, phases, _, _ = calls[-1]
+    assert info["error"] == "RuntimeError: broken off"
+    # the phases an exception went through end with the call, nested as opened
+    assert sorted((p[2], p[4]) for p in phases) == [("agreement", 1), ("wait", 2)]
+    assert all(t0 <= p[0] <= p[1] <= t1 for p in phases)
+    # A call's phases are bounded too: the rest are counted (none join: a gap between)
+    many = Recorder(1)
+
+    def busy():
+        for i in range(MAX_PHASES + 10):
+            many.open(f"step {i}")
+            many.close()
+
+    many.traced(busy, "allreduce", ())
+    (_, _, [(_, _, _, _, phases, _, dropped)], _, _), = many.snapshot()
+    assert len(phases) == MAX_PHASES and dropped == 10
+    # outside a recorded call, hooks do nothing
+    many.open("wait")
+    many.close()
+    assert len(many.snapshot()[0][2]) == 1

@@ -253,5 +253,5 @@ def test_summary_agrees_with_the_trace(trace):
 def test_off_leaves_nothing_behind():
     assert not isinstance(timeline.ACTIVE, timeline.Recorder)
     x = np.ones(8)
-    pycollective.allreduce(MPI.IN_PLACE, x, algorithm="ring")  # no recorder: nothing recorded, nothing raised
+    pycollective.allreduce(MPI.IN_PLACE, x, algorithm="ring")  # no recorder, nothing raised
     assert np.all(x == MPI.COMM_WORLD.Get_size())

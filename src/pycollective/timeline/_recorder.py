@@ -211,7 +211,8 @@ class Recorder:
                                for depth, (name, category, start) in enumerate(call.stack)]
                 calls.append(_finished(call, end, dict(call.info, unfinished=True),
                                        call.phases + open_phases))
-            out.append((t.tid, t.name, calls, list(t.instants), t.total + len(calls) - len(t.calls)))
+            recorded = t.total + len(calls) - len(t.calls)
+            out.append((t.tid, t.name, calls, list(t.instants), recorded))
         return out
 
 
