@@ -214,6 +214,8 @@ def _mpi_op(op):
 
 def _native(what, reason):
     _buffers.log_fallback(reason, f"pycollective.{what}")
+    if _timeline.ACTIVE is not None:  # timeline hook: device memory goes to MPI's own call
+        _timeline.ACTIVE.about(algorithm="native MPI (device memory)")
 
 
 def _named(algorithm, what):

@@ -119,6 +119,9 @@ def test_trace_is_chrome_trace_json_with_one_process_per_rank(trace):
                                 if e["args"].get("comm") == name)
     assert len(world) >= size * 36
     assert set(world.values()) == {1}
+    # the nonblocking call's hand-over, on the caller's thread
+    queued = [e for e in events if e["ph"] == "i" and e["name"] == "nonblocking call queued"]
+    assert {e["pid"] for e in queued} == set(range(size))
 
 
 def test_spans_nest_and_follow_each_other(trace):
