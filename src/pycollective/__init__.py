@@ -40,3 +40,11 @@ except _metadata.PackageNotFoundError:  # running from a source tree that is not
 
 # A library logs; the application decides where that goes.
 logging.getLogger("pycollective").addHandler(logging.NullHandler())
+
+# The timeline (every collective, rank by rank) reads its settings from runtime.env and,
+# with PYCOLLECTIVE_TIMELINE set, records the whole job from here on.
+from .runtime import env as _env  # noqa: E402
+from . import timeline  # noqa: E402
+timeline.settings = _env
+if _env.TIMELINE.get():
+    timeline.start(_env.TIMELINE.get())

@@ -69,6 +69,7 @@ from mpi4py import MPI
 from . import compression as _compression
 from .runtime.root import bcast_from_root
 from .comm.dropin import Comm, Request
+from . import timeline as _timeline
 
 __all__ = ["HookState", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook",
            "init_process_group"]
@@ -168,6 +169,9 @@ class HookState:
 
     def __init__(self, comm=None, algorithm="auto", *, average=True, overlap=True):
         self._torch = _torch()
+        # timeline hook: every collective a record_function range in torch.profiler traces
+        _timeline.use_torch_profiler(self._torch.autograd.profiler.record_function,
+                                     self._torch.autograd._profiler_enabled)
         comm = MPI.COMM_WORLD if comm is None else comm
         if algorithm == "auto" and isinstance(comm, Comm) and comm.algorithm is not None:
             algorithm = comm.algorithm
@@ -278,6 +282,14 @@ def _reduce(state, bucket, compress):
     return result
 
 
+def _ranged(state, hook, bucket):
+    """The hook's call as a ``record_function`` range (cheap while torch's profiler is off)."""
+    index = getattr(bucket, "index", None)
+    name = f"pycollective.torch.{hook} bucket {index()}" if index is not None else hook
+    torch = getattr(state, "_torch", None) or _torch()
+    return torch.autograd.profiler.record_function(name)
+
+
 def allreduce_hook(state: HookState, bucket):
     """DDP communication hook: average the bucket over ``state``'s ranks through pycollective.
 
@@ -291,7 +303,8 @@ def allreduce_hook(state: HookState, bucket):
         A ``torch.futures.Future`` completed with the bucket's tensor,
         averaged in place, or with the reduction's exception.
     """
-    return _reduce(state, bucket, None)
+    with _ranged(state, "allreduce_hook", bucket):  # timeline hook: the hook's call
+        return _reduce(state, bucket, None)
 
 
 def fp16_compress_hook(state: HookState, bucket):
@@ -300,7 +313,8 @@ def fp16_compress_hook(state: HookState, bucket):
     Errors stay within :meth:`pycollective.compression.Cast.error_bound`
     divided by N (the mean's bound), about N·2^-11 of the mean's magnitude.
     """
-    return _reduce(state, bucket, "fp16")
+    with _ranged(state, "fp16_compress_hook", bucket):  # timeline hook: the hook's call
+        return _reduce(state, bucket, "fp16")
 
 
 def bf16_compress_hook(state: HookState, bucket):
@@ -309,7 +323,8 @@ def bf16_compress_hook(state: HookState, bucket):
     Errors stay within N·2^-8 of the mean's magnitude, roughly (the bound
     as for :func:`fp16_compress_hook`).
     """
-    return _reduce(state, bucket, "bf16")
+    with _ranged(state, "bf16_compress_hook", bucket):  # timeline hook: the hook's call
+        return _reduce(state, bucket, "bf16")
 
 
 def init_process_group(comm=None, backend="gloo", **kwargs):

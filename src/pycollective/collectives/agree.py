@@ -26,6 +26,7 @@ from ..runtime import watch as _watch
 from ..runtime.context import Key
 from .._errors import CollectiveMismatch
 from ..node.group import SharedMax, whole_node
+from .. import timeline as _timeline
 
 __all__ = ["Facts", "agree", "fact_values", "agree_max", "board", "verdict", "needs_agreement",
            "run_checked", "MAX_FACTS"]
@@ -71,7 +72,11 @@ def made_board(ctx):
 
 def agree_max(ctx, values: np.ndarray) -> None:
     """Element-wise MAX of the int64 ``values`` over the ranks of ``ctx``, in place."""
+    if _timeline.ACTIVE is not None:  # timeline hook: the agreement (ended below)
+        _timeline.ACTIVE.open("agreement")
     ctx.cached(_BOARD, _board).max(values)
+    if _timeline.ACTIVE is not None:  # timeline hook: the agreement's end
+        _timeline.ACTIVE.close()
 
 
 def fact_values(rank: int, error: Optional[BaseException], facts: Optional[Facts],
@@ -157,6 +162,8 @@ def run_checked(ctx, algo, values: Optional[np.ndarray], src, dst, kernel) -> bo
     for :func:`verdict`.  The repeated call's fast path runs this, and so do
     auto's timed trials, so that a trial costs what the decided call will.
     """
+    if _timeline.ACTIVE is not None:  # timeline hook: the kernel's calls are "reduce" phases
+        kernel, = _timeline.ACTIVE.kernels((kernel,))
     if values is None:
         algo.run(ctx, src, dst, kernel)
         return True

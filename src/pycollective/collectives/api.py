@@ -49,6 +49,7 @@ from ..runtime.context import Context
 from ..data.kernels import SUPPORTED_DTYPES, get_kernel
 from ..data.ops import MPI_OPS, OPS, resolve_op
 from ..data.partition import chunk_bounds
+from .. import timeline as _timeline
 
 __all__ = ["allreduce", "reduce_scatter", "allgather", "allgatherv", "reduce", "bcast",
            "broadcast"]
@@ -160,6 +161,9 @@ def allreduce(sendbuf, recvbuf, op=MPI.SUM, *, comm=None, algorithm: str = "auto
             communicator is unusable since an earlier failure
             (``CommunicatorBroken``).  The communicator is then unusable.
     """
+    if _timeline.ACTIVE is not None and _timeline.ACTIVE.outside():  # timeline hook: the call
+        return _timeline.ACTIVE.traced(allreduce, "allreduce", (sendbuf, recvbuf, op), dict(
+            comm=comm, algorithm=algorithm, timeout=timeout, compress=compress))
     if _buffers.device_reason(sendbuf, recvbuf) is not None:
         return _device.allreduce(
             allreduce, sendbuf, recvbuf, op, comm, algorithm, timeout, compress,
@@ -194,8 +198,10 @@ def allreduce(sendbuf, recvbuf, op=MPI.SUM, *, comm=None, algorithm: str = "auto
         if dst.size == 0:
             return recvbuf
         algo = _resolve_algorithm(ctx, checked)
+        if _timeline.ACTIVE is not None:  # timeline hook: what the call runs
+            _timeline.ACTIVE.about(algorithm=algo.name)
         _plans.remember(ctx, algorithm, op, timeout, algo, checked.kernel, dst,
-                           tuple(checked.facts) + settings_facts(call.settings), call)
+                       tuple(checked.facts) + settings_facts(call.settings), call)
         run_algorithm(call, algo.run, ctx, src, dst, checked.kernel)
     finally:
         leave(call)
@@ -211,6 +217,8 @@ def _mpi_op(op):
 
 def _native(what, reason):
     _buffers.log_fallback(reason, f"pycollective.{what}")
+    if _timeline.ACTIVE is not None:  # timeline hook: device memory goes to MPI's own call
+        _timeline.ACTIVE.about(algorithm="native MPI (device memory)")
 
 
 def _native_allreduce(sendbuf, recvbuf, op, comm):

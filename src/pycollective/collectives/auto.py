@@ -56,6 +56,7 @@ from ..model.params import builtin_params, load_params, params_for
 from ..model.topology import Layout
 from ..model.tuning import (Decision, Tuner, candidates, class_bounds, load_decisions,
                             save_decision, size_class)
+from .. import timeline as _timeline
 
 __all__ = ["AutoState", "Trial", "auto_for", "unusable_reasons", "layout_of", "KEY"]
 
@@ -237,6 +238,8 @@ class AutoState:
             # calls are compared), and not kept either: the class is undecided.
             return _trial(_registry.get(next(iter(tuner.predicted))))
         algo = _registry.get(tuner.next())
+        if _timeline.ACTIVE is not None:  # timeline hook: one of auto's timed trials
+            _timeline.ACTIVE.instant("auto trial", algorithm=algo.name, count=count)
         return _trial(algo, self._timed(key, dtype, tuner, algo))
 
     def _timed(self, key, dtype, tuner: Tuner, algo: _registry.Algorithm):
@@ -276,6 +279,9 @@ class AutoState:
         if len(self.decisions) >= self._LIMIT:
             self.decisions.clear()
         self.decisions[key] = decision
+        if _timeline.ACTIVE is not None:  # timeline hook: auto's decision
+            _timeline.ACTIVE.instant("auto decided", algorithm=decision.algorithm,
+                                     how=decision.how, shape=str(key))
         klass, _, opname = key[:3]
         lo, hi = class_bounds(klass)
         if logger.isEnabledFor(logging.DEBUG):

@@ -26,6 +26,7 @@ from ..runtime import registry as _registry, settings as _settings, watch as _wa
 from .agree import Facts, agree, needs_agreement, verdict
 from ..runtime.context import Context, comm_settings, get_context
 from .._errors import CollectiveTimeout, ConfigurationError
+from .. import timeline as _timeline
 
 AUTO = "auto"
 DEFAULT = _settings.UNSET  # "not given": the communicator's or the process's setting
@@ -134,6 +135,8 @@ def prepare(what: str, comm, local: Callable[[], NamedTuple], timeout, algorithm
 
 def run_algorithm(call: _watch.Call, algo, ctx, *args) -> None:
     """Run an algorithm; any failure breaks the communicator and reaches every rank."""
+    if _timeline.ACTIVE is not None:  # timeline hook: the kernel's calls are "reduce" phases
+        args = _timeline.ACTIVE.kernels(args)
     try:
         return algo(ctx, *args)
     except ConfigurationError:
@@ -167,6 +170,9 @@ class Checked(NamedTuple):
 
 def call_collective(what, comm, local, timeout, one_rank):
     """Check, agree, then run the algorithm; ``one_rank(checked)`` on a single rank."""
+    if _timeline.ACTIVE is not None and _timeline.ACTIVE.outside():  # timeline hook: the call
+        return _timeline.ACTIVE.traced(call_collective, what, (what, comm, local, timeout,
+                                                               one_rank))
     ctx, checked, call = prepare(what, comm, local, timeout)
     if checked.own:
         src, dst = checked.own
@@ -185,6 +191,8 @@ def call_collective(what, comm, local, timeout, one_rank):
             reason = algo.usable(ctx)
             if reason:
                 raise ValueError(reason)
+        if _timeline.ACTIVE is not None:  # timeline hook: what the call runs
+            _timeline.ACTIVE.about(algorithm=algo.name)
         run_algorithm(call, algo.run, ctx, *checked.args)
     finally:
         leave(call)
@@ -207,6 +215,10 @@ def run_remembered(ctx, plan, src, dst) -> None:
     of a small call's time (about 3 us of Python at N = 2; a contended lock,
     a broken communicator and plans without a fast way go the way below).
     """
+    timeline = _timeline.ACTIVE
+    if timeline is not None:  # timeline hook: what the call runs
+        timeline.about(algorithm=plan.algo.name, number=ctx.calls + 1, comm=ctx,
+                       count=plan.fingerprint[1], dtype=src.dtype, repeated=True)
     fast = plan.fast
     if fast is not None and ctx.broken is None and ctx.lock.acquire(False):
         try:
@@ -214,10 +226,14 @@ def run_remembered(ctx, plan, src, dst) -> None:
             number = ctx.calls
             values = plan.template
             values[0], values[1] = number, -number  # the plan's own: calls hold the lock
+            if timeline is not None:  # timeline hook: the compiled step (ended below)
+                timeline.open("compiled step", "step")
             try:
                 rest = fast(number, plan, src, dst)
             except BaseException as exc:  # broken off midway: the communicator breaks
                 rest = _reraise(exc)
+            if timeline is not None:
+                timeline.close()
             if rest is not None:
                 _run_rest(ctx, plan, number, rest, src, dst)
         finally:

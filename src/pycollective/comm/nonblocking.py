@@ -33,6 +33,7 @@ from mpi4py import MPI
 
 from ..runtime import settings as _settings
 from ..runtime.context import Key, duplicate, get_context, live_contexts
+from .. import timeline as _timeline
 
 __all__ = ["Request"]
 
@@ -105,6 +106,8 @@ class _Engine:
 
     def submit(self, job):
         request = self.request(job)
+        if _timeline.ACTIVE is not None:  # timeline hook: when the caller handed it over
+            _timeline.ACTIVE.instant("nonblocking call queued", waiting=self.queue.qsize())
         self.queue.put(job)
         return request
 

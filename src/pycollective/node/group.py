@@ -36,6 +36,7 @@ from .barrier import FlagBarrier, wait_modes
 from ..runtime.context import Key
 from .._errors import CollectiveMismatch
 from .segment import Segment
+from .. import timeline as _timeline
 
 # Segment, FlagBarrier and wait_modes live in their own modules; re-exported
 # because the node's users know them from here.
@@ -144,7 +145,11 @@ class NodeGroup:
             self._unchecked = self.publish(call)
         self._step += 1
         self._last = (call.number << 24) + self._step
+        if _timeline.ACTIVE is not None:  # timeline hook: waiting for the node's ranks
+            _timeline.ACTIVE.open("sync", "wait")
         self.barrier.sync(self._last)
+        if _timeline.ACTIVE is not None:  # timeline hook: the sync's end
+            _timeline.ACTIVE.close()
         if check and self._unchecked is not None:
             rows, self._unchecked = self._unchecked, None
             self.check(call, rows)

@@ -171,3 +171,11 @@ GPU_CHUNK_BYTES = _setting(
 GPU_POOL_BYTES = _setting(
     "PYCOLLECTIVE_GPU_POOL_BYTES", parse_positive_int, 1 << 30,
     "idle pinned host memory kept for staging device buffers, in bytes (default 1 GiB)")
+
+TIMELINE = _setting(
+    "PYCOLLECTIVE_TIMELINE", os.path.expanduser, "",
+    "record every collective of the job into this Chrome trace file, written by rank 0 at "
+    "the end (docs/timeline.md); default: no recording")
+TIMELINE_CALLS = _setting(
+    "PYCOLLECTIVE_TIMELINE_CALLS", parse_positive_int, 100_000,
+    "calls the timeline keeps per thread, the oldest dropped first (default 100000)")

@@ -46,6 +46,7 @@ from .._errors import (CollectiveError, CollectiveMismatch, CollectiveTimeout, C
 from ..data.kernels import SUPPORTED_DTYPES
 from ..data.ops import OPS
 from .registry import names, reserve_tags
+from .. import timeline as _timeline
 
 __all__ = ["CollectiveTimeout", "Call", "Waiter", "current", "begin", "end", "waitall", "fail",
            "arrive", "TAG_NOTICE", "ROLL_AFTER_S"]
@@ -100,7 +101,17 @@ def begin(ctx, what, fingerprint, settings, tag_offset=0, words=None, number=Non
         number = ctx.calls
     call = Call(ctx, what, number, fingerprint, settings, tag_offset, words)
     _local.call = call
+    if _timeline.ACTIVE is not None and fingerprint:  # timeline hook: the call's facts
+        _timeline.ACTIVE.about(number=number, comm=ctx, count=fingerprint[1],
+                               dtype=_dtype_name(fingerprint))
     return call
+
+
+def _dtype_name(fp):
+    """The dtype a fingerprint names (the gathers and bcast move bytes: an itemsize)."""
+    if COLLECTIVES[fp[0]] in ("allgather", "allgatherv", "bcast"):
+        return "bytes" if fp[2] < 0 else f"{fp[2]}-byte items"
+    return str(SUPPORTED_DTYPES[fp[2]]) if 0 <= fp[2] < len(SUPPORTED_DTYPES) else "?"
 
 
 def end(call: Call) -> None:
@@ -216,6 +227,9 @@ def fail(call: Call, exc: BaseException) -> CollectiveError:
     it already is one, else a ``CollectiveError`` naming this rank).
     """
     ctx = call.ctx
+    if _timeline.ACTIVE is not None:  # timeline hook: an error, kept before the job can end
+        _timeline.ACTIVE.instant("error", error=f"{type(exc).__name__}: {exc}")
+        _timeline.flush()
     if isinstance(exc, CollectiveError) and ctx.broken is exc:
         return exc  # raised by the side channel: the others know already
     if isinstance(exc, CollectiveError):
@@ -373,6 +387,8 @@ class Waiter:
         if self.warn_at is not None and elapsed > self.warn_at and not call.warned:
             call.warned = True
             late = _late(call)
+            if _timeline.ACTIVE is not None:  # timeline hook: a stall warning
+                _timeline.ACTIVE.instant("stall warning", waited_s=elapsed, late=str(late))
             warnings.warn(StallWarning(
                 f"{call.title()}: rank {ctx.rank} has waited {elapsed:.0f} s for "
                 f"{self.waiting_for}; no word from ranks {late}{_elsewhere(call)}; still "
@@ -417,12 +433,16 @@ def waitall(requests, statuses=None, waiting_for="messages") -> None:
         if MPI.Request.Testall(requests, statuses):
             return
     waiter = Waiter(waiting_for)
+    if _timeline.ACTIVE is not None:  # timeline hook: waiting for peers (ended below)
+        _timeline.ACTIVE.open("wait")
     try:
         while not MPI.Request.Testall(requests, statuses):
             waiter.pause()
     except BaseException:
         _cancel(requests)
         raise
+    if _timeline.ACTIVE is not None:  # timeline hook: the wait's end
+        _timeline.ACTIVE.close()
 
 
 def _cancel(requests):

@@ -113,6 +113,7 @@ from ...data.partition import chunk_bounds
 from ...runtime.registry import register
 from ...node.group import (DOUBLE_LIMIT, SharedSlots, copy_in, copy_out, reduce_block,
                            reduce_own_slice, whole_node)
+from ... import timeline as _timeline
 # Through the module, not its names: tests stand its gates aside by patching them.
 from . import mid as _mid
 from . import rsag_steps as _rsag_steps, steps as _steps
@@ -157,11 +158,19 @@ def shm_allreduce_on(node, src, dst, kernel, shared=None, stores=None):
         return
     kind, started = stores.next() if stores is not None and trailing else (0, 0.0)
     copy = _mid.stream_copy if kind else None
+    if _timeline.ACTIVE is not None:  # timeline hook: the step (ended after it)
+        _timeline.ACTIVE.open("copy-in", "copy")
     copy_in(src, slots[rank], rank, bounds, copy)
+    if _timeline.ACTIVE is not None:
+        _timeline.ACTIVE.close()
     node.sync()  # its fence orders the non-temporal stores before the counter
     reduce_own_slice(kernel, src, slots, rank, bounds, dst, copy)
     node.sync()
+    if _timeline.ACTIVE is not None:  # timeline hook: the step (ended after it)
+        _timeline.ACTIVE.open("copy-out", "copy")
     copy_out(dst, slots, rank, bounds)
+    if _timeline.ACTIVE is not None:
+        _timeline.ACTIVE.close()
     if trailing:
         node.sync()
     if started:
@@ -303,9 +312,17 @@ def shm_allreduce(ctx, src, dst, kernel):
     if state.cross is not None and dst.nbytes > SINGLE_COPY_BYTES:
         cma_allreduce_on(state.cross, src, dst, kernel, _arrays.registry_of(state.node.group, ctx))
     elif _steps.compiled(state, call, dst):
+        if _timeline.ACTIVE is not None:  # timeline hook: the compiled step (ended after it)
+            _timeline.ACTIVE.open("compiled step", "step")
         _steps.small_data(state.node, call, src, dst)
+        if _timeline.ACTIVE is not None:
+            _timeline.ACTIVE.close()
     elif _steps.mid_compiled(state.node, call, dst):
+        if _timeline.ACTIVE is not None:  # timeline hook: the compiled step (ended after it)
+            _timeline.ACTIVE.open("compiled step", "step")
         _steps.mid_data(state.node, call, src, dst)
+        if _timeline.ACTIVE is not None:
+            _timeline.ACTIVE.close()
     else:
         shm_allreduce_on(state.node, src, dst, kernel, _arrays.registry_of(state.node.group, ctx),
                          state.stores_for(dst.nbytes))
@@ -329,7 +346,11 @@ def shm_agreed(ctx, src, dst, kernel, values, board):
     if done is not None:
         return done
     before = values.tobytes()
+    if _timeline.ACTIVE is not None:  # timeline hook: the agreement (ended below)
+        _timeline.ACTIVE.open("agreement")
     board.max(values)
+    if _timeline.ACTIVE is not None:
+        _timeline.ACTIVE.close()
     if values.tobytes() != before:
         return False
     shm_allreduce(ctx, src, dst, kernel)
