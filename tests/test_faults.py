@@ -184,6 +184,25 @@ def test_two_threads_with_different_calls_raise_never_wrong_data(tmp_path, check
             assert outcome != "wrong" and text.startswith("0 wrong"), text
 
 
+@pytest.mark.parametrize("check,first", [("on", "none"), ("off", "none"), ("on", "main"),
+                                         ("off", "main")])
+def test_two_threads_with_their_own_values_never_get_wrong_sums(tmp_path, check, first):
+    """Same shape, different values per thread (issue 34): a call of thread A on one rank
+    must never be combined with thread B's on another.  Every pairing is either right or
+    refused on every rank with an error that names the threads and comm.Dup()."""
+    status, results, output, _ = launch(tmp_path, 4, "threads", "ring,shm", "30", "values",
+                                        check, first)
+    assert status == 0, output[-3000:]
+    for algo in ("ring", "shm"):
+        got = outcomes(results, f"threads:{algo}")
+        assert set(got) == {0, 1, 2, 3}, output[-3000:]
+        for outcome, text in got.values():
+            assert outcome in ("ok", "CollectiveMismatch", "CommunicatorBroken"), (algo, text)
+            assert text.startswith("0 wrong"), (algo, text)
+            if outcome == "CollectiveMismatch":
+                assert "thread" in text and "Dup()" in text, (algo, text)
+
+
 def test_exit_with_requests_in_flight_is_clean(tmp_path):
     for _ in range(3):
         status, results, output, _ = launch(tmp_path, 4, "inflight")
