@@ -164,12 +164,26 @@ def test_disagreement_with_the_check_off_raises_everywhere_never_wrong_data(tmp_
 
 # --- misuse ----------------------------------------------------------------------------------
 
-def test_two_threads_on_one_communicator_are_serialised(tmp_path):
+def test_two_threads_on_one_communicator_never_mix(tmp_path):
+    """Same shape and values: a pairing of two threads' calls would give the right numbers
+    by chance; it is refused all the same (calls pair by thread name)."""
     status, results, output, _ = launch(tmp_path, 4, "threads", "ring,shm,tree", "60", "same")
     assert status == 0, output[-3000:]
     for algo in ("ring", "shm", "tree"):
         got = outcomes(results, f"threads:{algo}")
-        assert {o for o, _ in got.values()} == {"ok"}, got
+        assert set(got) == {0, 1, 2, 3}, output[-3000:]
+        for outcome, text in got.values():
+            assert outcome in ("ok", "CollectiveMismatch", "CommunicatorBroken"), (algo, text)
+            assert text.startswith("0 wrong"), (algo, text)
+
+
+@pytest.mark.parametrize("check", ["on", "off"])
+def test_threads_that_take_turns_on_one_communicator_work(tmp_path, check):
+    status, results, output, _ = launch(tmp_path, 4, "threads_turns", "ring,shm,tree", check)
+    assert status == 0, output[-3000:]
+    for algo in ("ring", "shm", "tree"):
+        got = outcomes(results, f"threads-turns:{algo}")
+        assert got == {q: ("ok", "0 wrong of 20; []") for q in range(4)}, (algo, got)
 
 
 @pytest.mark.parametrize("check", ["on", "off"])

@@ -21,7 +21,7 @@ from typing import Callable, NamedTuple, Optional
 import numpy as np
 from mpi4py import MPI
 
-from . import _choose, _registry, _settings, _watch
+from . import _choose, _registry, _settings, _threads, _watch
 from ._agree import Facts, agree, needs_agreement, verdict
 from ._context import Context, comm_settings, get_context
 from ._errors import CollectiveTimeout, ConfigurationError
@@ -50,7 +50,8 @@ def settings_facts(settings: _settings.Settings) -> Facts:
     return (("segment size (set_segment_bytes / PYCOLLECTIVE_SEGMENT_BYTES)",
              settings.segment_bytes),
             ("timeout in ms (set_timeout / PYCOLLECTIVE_TIMEOUT_S)", timeout_ms),
-            ("the agreement setting (set_check / PYCOLLECTIVE_CHECK)", int(settings.check)))
+            ("the agreement setting (set_check / PYCOLLECTIVE_CHECK)", int(settings.check)),
+            (_threads.LABEL, _threads.code()))
 
 
 def hold(ctx: Context, what: str, limit) -> None:

@@ -30,7 +30,7 @@ import pickle
 import numpy as np
 from mpi4py import MPI
 
-from . import _watch
+from . import _threads, _watch
 from ._atomics import STRIDE
 from ._barrier import FlagBarrier, wait_modes
 from ._context import Key
@@ -212,7 +212,9 @@ class NodeGroup:
         odd = [q for q in range(self.size) if not np.array_equal(rows[q], mine)]
         exc = CollectiveMismatch(
             f"{call.title()}: the ranks sharing this node disagree: node rank {self.rank} is in "
-            f"{what(mine)}; " + "; ".join(f"node rank {q} is in {what(rows[q])}" for q in odd),
+            f"{what(mine)}; " + "; ".join(f"node rank {q} is in {what(rows[q])}" for q in odd)
+            + _threads.hint(tuple(int(v) for v in mine[1:1 + len(_watch.FIELDS)]),
+                            tuple(int(v) for v in rows[odd[0]][1:1 + len(_watch.FIELDS)])),
             collective=call.what, call=call.number, comm=call.ctx.label, ranks=tuple(odd))
         raise _watch.fail(call, exc)
 

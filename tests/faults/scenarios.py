@@ -264,6 +264,38 @@ def threads(algorithms, calls="60", shapes="same", check="on", first="none"):
         comm.Free()
 
 
+def threads_turns(algorithms, check="on"):
+    """Threads that take turns on one communicator, started in the same order on every
+    rank (so named alike): the main thread, a worker, the main thread, a second worker,
+    each with its own values.  Supported: every result must be right."""
+    pycollective.set_check(check == "on")
+    for algo in algorithms.split(","):
+        comm = WORLD.Dup()
+        pycollective.set_timeout(TIMEOUT, comm=comm)
+        wrong, errors = [0], []
+
+        def work(scale, calls=5):
+            for _ in range(calls):
+                x = data(RANK, 2000) * scale
+                try:
+                    out = pycollective.allreduce(x, np.empty_like(x), comm=comm, algorithm=algo)
+                except Exception as exc:  # noqa: BLE001
+                    errors.append(f"{type(exc).__name__}: {exc}")
+                    return
+                wrong[0] += not np.array_equal(out, expected(2000) * scale)
+
+        for scale in (1, 2, 3, 4):
+            if scale % 2:
+                work(scale)
+            else:
+                worker = threading.Thread(target=work, args=(scale,))
+                worker.start()
+                worker.join()
+        outcome = "wrong" if wrong[0] else (errors[0].split(":")[0] if errors else "ok")
+        report(f"threads-turns:{algo}", outcome, f"{wrong[0]} wrong of 20; {errors[:1]}")
+        comm.Free()
+
+
 def inflight():
     """Exit with Iallreduce requests that were never waited for."""
     comm = pycollective.Comm(WORLD)
