@@ -24,7 +24,7 @@ LAYERS = [
     # 0: no MPI state of their own
     {"_env", "_ops", "_units", "_table", "_timing", "_root", "_exact", "_about", "_kernels",
      "_partition", "_registry", "_errors", "_atomics", "_views", "_settings", "_buffers",
-     "_buffers.*", "_threads",
+     "_buffers.*", "_threads", "_hosts",
      "compression"},
     {"_watch", "_context"},
     {"_shmem", "_cma", "_segment", "_barrier", "_shared"},

@@ -34,7 +34,7 @@ from typing import Callable, Dict, Generic, Optional, TypeVar
 import numpy as np
 from mpi4py import MPI
 
-from . import _watch
+from . import _hosts, _watch
 from ._errors import CollectiveError
 
 __all__ = ["Context", "Key", "get_context", "find_context", "comm_settings", "set_comm_setting",
@@ -82,7 +82,7 @@ class Context:
     """Private communicator, rank, size, scratch space and cached state of one user comm."""
 
     __slots__ = ("comm", "rank", "size", "label", "lock", "calls", "broken", "pending_notices",
-                 "early_notices", "_scratch", "_cache", "__weakref__")
+                 "early_notices", "hosts", "_scratch", "_cache", "__weakref__")
 
     def __init__(self, comm, label=None):
         self.comm = comm
@@ -94,6 +94,7 @@ class Context:
         self.broken: Optional[BaseException] = None
         self.pending_notices = []      # side-channel sends not yet completed
         self.early_notices = []        # side-channel notices about a later call
+        self.hosts = None              # _hosts.Hosts: where each rank runs, for messages
         self._scratch: Dict[Key, np.ndarray] = {}
         # Values may have a ``free()`` method, called when the context dies
         # (in reverse order of creation: later state may use earlier state).
@@ -259,8 +260,10 @@ def _create(comm) -> Context:
     # must not route the library's own traffic back through the wrapper.
     plain = MPI.Intracomm(comm)
     label = describe_comm(plain)
+    waiting_for = f"every rank's first pycollective call on {label}"
     try:
-        private = duplicate(plain, label, f"every rank's first pycollective call on {label}")
+        private = duplicate(plain, label, waiting_for)
+        hosts = _gather_hosts(private, waiting_for)
     except _watch.CollectiveTimeout as exc:
         # Later calls raise at once instead of waiting again.
         broken = Context(MPI.COMM_NULL, label)
@@ -268,8 +271,25 @@ def _create(comm) -> Context:
         comm.Set_attr(_keyval(), broken)
         raise
     ctx = Context(private, label)
+    ctx.hosts = hosts
     _LIVE[id(ctx)] = ctx
     return ctx
+
+
+def gather_hosts(comm, waiting_for):
+    """Every rank's processor name (collective, bounded), for naming nodes in messages."""
+    mine = np.zeros(_hosts.NAME_BYTES, np.uint8)
+    raw = MPI.Get_processor_name().encode("utf-8", "replace")[:_hosts.NAME_BYTES]
+    mine[:len(raw)] = np.frombuffer(raw, np.uint8)
+    rows = np.empty((comm.Get_size(), _hosts.NAME_BYTES), np.uint8)
+    _watch.waitall([comm.Iallgather(mine, rows)], waiting_for=waiting_for)
+    return _hosts.Hosts.from_bytes(rows)
+
+
+def _gather_hosts(private, waiting_for):
+    if private.Get_size() == 1:
+        return None
+    return gather_hosts(private, waiting_for)
 
 
 @atexit.register

@@ -40,7 +40,7 @@ from typing import NamedTuple, Optional, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from . import _settings, _threads
+from . import _hosts, _settings, _threads
 from ._errors import (CollectiveError, CollectiveMismatch, CollectiveTimeout, CommunicatorBroken,
                       PeerFailed, StallWarning)
 from ._kernels import SUPPORTED_DTYPES
@@ -401,11 +401,13 @@ class Waiter:
         if failed:
             ctx.early_notices = []
             _raise_peer_failure(call, failed[0])
-        late = _late(call)
+        late, hosts = _late(call), getattr(ctx, "hosts", None)
         exc = CollectiveTimeout(
             f"{call.title()} timed out on rank {ctx.rank} after {elapsed:.1f} s without "
-            f"progress waiting for {self.waiting_for}: ranks {late} did not arrive (stopped, "
-            f"dead, or not calling it){_elsewhere(call)}; the communicator is now unusable",
+            f"progress waiting for "
+            f"{_hosts.waiting_text(hosts, ctx.rank, late, self.waiting_for)}: "
+            f"{_hosts.missing(hosts, ctx.rank, late)}"
+            f"{_elsewhere(call)}; the communicator is now unusable",
             collective=call.what, call=call.number, comm=ctx.label, ranks=late)
         raise fail(call, exc)
 
