@@ -9,9 +9,11 @@ so that a timeout can say where the missing ranks are without talking to
 anyone.  Nodes are numbered in the order of their lowest rank.
 """
 
+import contextlib
+import threading
 from typing import List, Sequence
 
-__all__ = ["Hosts", "missing", "NAME_BYTES"]
+__all__ = ["Hosts", "missing", "waiting_text", "sub_ranks", "call_ranks", "NAME_BYTES"]
 
 NAME_BYTES = 256  # MPI_MAX_PROCESSOR_NAME in MPICH and Open MPI
 
@@ -39,6 +41,30 @@ class Hosts:
     def node(self, rank: int) -> str:
         k = self.node_of[rank]
         return f"node {k} (host {self.names[self.members[k][0]]!r})"
+
+
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def sub_ranks(ranks: Sequence[int], label: str):
+    """Inside: waits are on a sub-communicator (the node leaders) whose rank i is the call's
+    rank ``ranks[i]``; messages then name the call's ranks (:func:`call_ranks`)."""
+    before = getattr(_local, "sub", None)
+    _local.sub = (list(ranks), label)
+    try:
+        yield
+    finally:
+        _local.sub = before
+
+
+def call_ranks(ranks: Sequence[int]) -> str:
+    """``2, 3`` for ranks of the communicator being waited on, as the call's ranks."""
+    sub = getattr(_local, "sub", None)
+    if sub is None:
+        return ", ".join(map(str, ranks))
+    table, label = sub
+    return ", ".join(f"{table[q]}" for q in ranks) + f" (in {label})"
 
 
 def missing(hosts, me: int, late: Sequence[int]) -> str:

@@ -1,9 +1,9 @@
 """A job whose hosts lose each other: run on emulated hosts by tests/test_multihost.py.
 
-    partition.py DIR cut ALGORITHM     # calls until an error; the test cuts a link meanwhile
+    partition.py DIR cut ALGORITHM [COUNT]   # calls until an error; the test cuts a link
     partition.py DIR loss ALGORITHM CALLS
 
-``cut``: every rank calls allreduce (256 KiB of float32, checked exactly)
+``cut``: every rank calls allreduce (COUNT float32, 2**16 by default, checked exactly)
 in a loop; after 20 good calls rank 0 writes DIR/started, and the test cuts
 the last host's link.  A rank that gets an error writes DIR/result.<rank>
 (JSON: the error, its ranks, when it came on CLOCK_MONOTONIC, which all
@@ -27,12 +27,12 @@ import pycollective
 
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
-COUNT = 1 << 16
+COUNT = 1 << 16  # float32 per call (cut: the optional COUNT argument)
 LIMIT_S = 60.0
 
 
-def data(rank):
-    return ((np.arange(COUNT) * 7 + rank * 13) % 101).astype(np.float32)
+def data(rank, count):
+    return ((np.arange(count) * 7 + rank * 13) % 101).astype(np.float32)
 
 
 def write(folder, **fields):
@@ -45,11 +45,12 @@ def write(folder, **fields):
 
 def main():
     folder, mode, algorithm, *rest = sys.argv[1:]
-    x = data(RANK)
-    want = sum(data(q).astype(np.int64) for q in range(SIZE)).astype(np.float32)
+    count = int(rest[0]) if mode == "cut" and rest else COUNT
+    total = int(rest[0]) if mode == "loss" else None
+    x = data(RANK, count)
+    want = sum(data(q, count).astype(np.int64) for q in range(SIZE)).astype(np.float32)
     y = np.empty_like(x)
     calls, wrong, slowest = 0, 0, 0.0
-    total = int(rest[0]) if rest else None
     start = time.monotonic()
     try:
         while (total is None and time.monotonic() - start < LIMIT_S) or (
