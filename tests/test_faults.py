@@ -164,26 +164,13 @@ def test_disagreement_with_the_check_off_raises_everywhere_never_wrong_data(tmp_
 
 # --- misuse ----------------------------------------------------------------------------------
 
-def test_two_threads_on_one_communicator_never_mix(tmp_path):
-    """Same shape and values: a pairing of two threads' calls would give the right numbers
-    by chance; it is refused all the same (calls pair by thread name)."""
-    status, results, output, _ = launch(tmp_path, 4, "threads", "ring,shm,tree", "60", "same")
+def test_threads_that_take_turns_on_one_communicator_work(tmp_path):
+    status, results, output, _ = launch(tmp_path, 4, "threads_turns", "ring,shm,tree", "on,off")
     assert status == 0, output[-3000:]
-    for algo in ("ring", "shm", "tree"):
-        got = outcomes(results, f"threads:{algo}")
-        assert set(got) == {0, 1, 2, 3}, output[-3000:]
-        for outcome, text in got.values():
-            assert outcome in ("ok", "CollectiveMismatch", "CommunicatorBroken"), (algo, text)
-            assert text.startswith("0 wrong"), (algo, text)
-
-
-@pytest.mark.parametrize("check", ["on", "off"])
-def test_threads_that_take_turns_on_one_communicator_work(tmp_path, check):
-    status, results, output, _ = launch(tmp_path, 4, "threads_turns", "ring,shm,tree", check)
-    assert status == 0, output[-3000:]
-    for algo in ("ring", "shm", "tree"):
-        got = outcomes(results, f"threads-turns:{algo}")
-        assert got == {q: ("ok", "0 wrong of 20; []") for q in range(4)}, (algo, got)
+    for check in ("on", "off"):
+        for algo in ("ring", "shm", "tree"):
+            got = outcomes(results, f"threads-turns-{check}:{algo}")
+            assert got == {q: ("ok", "0 wrong of 20; []") for q in range(4)}, (algo, got)
 
 
 @pytest.mark.parametrize("check", ["on", "off"])
@@ -198,16 +185,17 @@ def test_two_threads_with_different_calls_raise_never_wrong_data(tmp_path, check
             assert outcome != "wrong" and text.startswith("0 wrong"), text
 
 
-@pytest.mark.parametrize("check,first", [("on", "none"), ("off", "none"), ("on", "main"),
-                                         ("off", "main")])
+@pytest.mark.parametrize("check,first", [("on", "none"), ("off", "main")])
 def test_two_threads_with_their_own_values_never_get_wrong_sums(tmp_path, check, first):
     """Same shape, different values per thread (issue 34): a call of thread A on one rank
-    must never be combined with thread B's on another.  Every pairing is either right or
-    refused on every rank with an error that names the threads and comm.Dup()."""
-    status, results, output, _ = launch(tmp_path, 4, "threads", "ring,shm", "30", "values",
-                                        check, first)
+    must never be combined with thread B's on another (55-58 of 60 sums were wrong, no
+    error).  Every pairing is either right or refused on every rank with an error that
+    names the threads and comm.Dup().  With the agreement on and off, with and without a
+    first call on the main thread."""
+    status, results, output, _ = launch(tmp_path, 4, "threads", "ring,shm,tree", "30",
+                                        "values", check, first)
     assert status == 0, output[-3000:]
-    for algo in ("ring", "shm"):
+    for algo in ("ring", "shm", "tree"):
         got = outcomes(results, f"threads:{algo}")
         assert set(got) == {0, 1, 2, 3}, output[-3000:]
         for outcome, text in got.values():

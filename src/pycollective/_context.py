@@ -28,6 +28,7 @@ collective operation.
 """
 
 import atexit
+import os
 import threading
 from typing import Callable, Dict, Generic, Optional, TypeVar
 
@@ -82,7 +83,7 @@ class Context:
     """Private communicator, rank, size, scratch space and cached state of one user comm."""
 
     __slots__ = ("comm", "rank", "size", "label", "lock", "calls", "broken", "pending_notices",
-                 "early_notices", "hosts", "_scratch", "_cache", "__weakref__")
+                 "early_notices", "hosts", "token", "_scratch", "_cache", "__weakref__")
 
     def __init__(self, comm, label=None):
         self.comm = comm
@@ -95,6 +96,10 @@ class Context:
         self.pending_notices = []      # side-channel sends not yet completed
         self.early_notices = []        # side-channel notices about a later call
         self.hosts = None              # _hosts.Hosts: where each rank runs, for messages
+        # The same random number on every rank, in its side-channel notices: MPICH reuses
+        # a freed communicator's context id, and a notice still in flight when it was
+        # freed must not count on the communicator that gets that id next.
+        self.token = 0
         self._scratch: Dict[Key, np.ndarray] = {}
         # Values may have a ``free()`` method, called when the context dies
         # (in reverse order of creation: later state may use earlier state).
@@ -263,7 +268,7 @@ def _create(comm) -> Context:
     waiting_for = f"every rank's first pycollective call on {label}"
     try:
         private = duplicate(plain, label, waiting_for)
-        hosts = _gather_hosts(private, waiting_for)
+        hosts, token = _gather_hosts(private, waiting_for)
     except _watch.CollectiveTimeout as exc:
         # Later calls raise at once instead of waiting again.
         broken = Context(MPI.COMM_NULL, label)
@@ -271,25 +276,25 @@ def _create(comm) -> Context:
         comm.Set_attr(_keyval(), broken)
         raise
     ctx = Context(private, label)
-    ctx.hosts = hosts
+    ctx.hosts, ctx.token = hosts, token
     _LIVE[id(ctx)] = ctx
     return ctx
 
 
-def gather_hosts(comm, waiting_for):
-    """Every rank's processor name (collective, bounded), for naming nodes in messages."""
-    mine = np.zeros(_hosts.NAME_BYTES, np.uint8)
-    raw = MPI.Get_processor_name().encode("utf-8", "replace")[:_hosts.NAME_BYTES]
-    mine[:len(raw)] = np.frombuffer(raw, np.uint8)
-    rows = np.empty((comm.Get_size(), _hosts.NAME_BYTES), np.uint8)
-    _watch.waitall([comm.Iallgather(mine, rows)], waiting_for=waiting_for)
-    return _hosts.Hosts.from_bytes(rows)
-
-
 def _gather_hosts(private, waiting_for):
+    """``(hosts, token)``: every rank's processor name, for naming nodes in messages, and
+    rank 0's random token (collective, bounded: one small Iallgather)."""
     if private.Get_size() == 1:
-        return None
-    return gather_hosts(private, waiting_for)
+        return None, 0
+    n = _hosts.NAME_BYTES
+    mine = np.zeros(n + 8, np.uint8)
+    raw = MPI.Get_processor_name().encode("utf-8", "replace")[:n]
+    mine[:len(raw)] = np.frombuffer(raw, np.uint8)
+    mine[n:] = np.frombuffer(os.urandom(8), np.uint8)
+    rows = np.empty((private.Get_size(), n + 8), np.uint8)
+    _watch.waitall([private.Iallgather(mine, rows)], waiting_for=waiting_for)
+    token = int.from_bytes(rows[0, n:].tobytes(), "little") >> 1 or 1
+    return _hosts.Hosts.from_bytes(rows[:, :n]), token
 
 
 @atexit.register

@@ -197,10 +197,13 @@ class Notice(NamedTuple):
     error: str = ""           # exception class name, for "failed"
     text: str = ""
     ranks: tuple = ()
+    token: int = 0            # the sender's Context.token: one from a freed communicator
+                              # whose context id MPI gave this one is not for it
 
 
 def _send_all(ctx, notice):
     """Tell every other rank; never waits (a stopped rank must not stop us)."""
+    notice = notice._replace(token=getattr(ctx, "token", 0))
     for q in range(ctx.size):
         if q != ctx.rank:
             ctx.pending_notices.append(ctx.comm.isend(notice, dest=q, tag=TAG_NOTICE))
@@ -248,8 +251,11 @@ def _drain(call: Call) -> None:
     early, ctx.early_notices = ctx.early_notices, []
     for notice in early:
         _take(call, notice)
+    token = getattr(ctx, "token", 0)
     while comm.Iprobe(MPI.ANY_SOURCE, TAG_NOTICE, status):
-        _take(call, comm.recv(source=status.Get_source(), tag=TAG_NOTICE))
+        notice = comm.recv(source=status.Get_source(), tag=TAG_NOTICE)
+        if notice.token == token:
+            _take(call, notice)
 
 
 def _take(call: Call, notice: Notice) -> None:

@@ -264,12 +264,12 @@ def threads(algorithms, calls="60", shapes="same", check="on", first="none"):
         comm.Free()
 
 
-def threads_turns(algorithms, check="on"):
+def threads_turns(algorithms, checks="on"):
     """Threads that take turns on one communicator, started in the same order on every
     rank (so named alike): the main thread, a worker, the main thread, a second worker,
     each with its own values.  Supported: every result must be right."""
-    pycollective.set_check(check == "on")
-    for algo in algorithms.split(","):
+    for check, algo in [(c, a) for c in checks.split(",") for a in algorithms.split(",")]:
+        pycollective.set_check(check == "on")
         comm = WORLD.Dup()
         pycollective.set_timeout(TIMEOUT, comm=comm)
         wrong, errors = [0], []
@@ -292,7 +292,7 @@ def threads_turns(algorithms, check="on"):
                 worker.start()
                 worker.join()
         outcome = "wrong" if wrong[0] else (errors[0].split(":")[0] if errors else "ok")
-        report(f"threads-turns:{algo}", outcome, f"{wrong[0]} wrong of 20; {errors[:1]}")
+        report(f"threads-turns-{check}:{algo}", outcome, f"{wrong[0]} wrong of 20; {errors[:1]}")
         comm.Free()
 
 
