@@ -209,3 +209,98 @@ def test_ofi_finalize_is_clean_after_shared_memory_algorithms():
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
     assert "fabricclose" not in proc.stderr
+
+
+# --- a host lost mid-job, and a lossy link ------------------------------------------------
+
+PARTITION = ROOT / "tests" / "multihost" / "partition.py"
+CUT_TIMEOUT = 4   # PYCOLLECTIVE_TIMEOUT_S of the partition jobs
+CUT_SLACK = 6     # seconds beyond it for every rank's error: a poll, the side channel, load
+END_SLACK = 30    # and for the job's end: aborts, then emulate.sh's tear-down
+
+
+def _results(folder):
+    return {int(p.name.split(".")[1]): json.loads(p.read_text())
+            for p in folder.glob("result.*") if not p.name.endswith(".tmp")}
+
+
+def _cut_mid_job(tmp_path, options, algorithm, hosts, count=None):
+    """Launch partition.py, cut the last host's link once calls run; (status, out, cut, end)."""
+    tag = uuid.uuid4().hex[:12]
+    env = _env(PYCOLLECTIVE_TIMEOUT="120", PYCOLLECTIVE_TIMEOUT_S=str(CUT_TIMEOUT), **{TAG: tag})
+    proc = subprocess.Popen([str(EMULATE), *options, "--", str(PARTITION), str(tmp_path), "cut",
+                             algorithm, *([str(count)] if count else [])], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while not (tmp_path / "started").exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                os.killpg(proc.pid, signal.SIGTERM)
+                out, _ = proc.communicate(timeout=60)
+                pytest.fail(f"the job did not start its calls:\n{out[-5000:]}")
+            time.sleep(0.05)
+        # The veth of the last host goes down: its packets vanish, no reset is sent
+        # (what a pulled cable or a dead switch port does).
+        subprocess.run(["ip", "-n", f"mh{proc.pid}-h{hosts - 1}", "link", "set", "eth0", "down"],
+                       check=True)
+        cut = time.monotonic()
+        out, _ = proc.communicate(timeout=CUT_TIMEOUT + CUT_SLACK + END_SLACK + 30)
+        end = time.monotonic()
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+        pytest.fail(f"the job did not end after the cut:\n{out[-5000:]}")
+    assert not _namespaces(proc.pid), f"namespaces left: {_namespaces(proc.pid)}"
+    assert not _processes(tag), f"processes left: {_processes(tag)}"
+    return proc.returncode, out, cut, end
+
+
+@pytest.mark.parametrize("options, algorithm, count", [
+    (["-H", "2x2"], "ring", None),
+    # 4 MiB: the cut lands in the agreement step or in the leaders' exchange
+    (["-H", "2x2"], "hierarchical", 1 << 20),
+    (["-H", "2x2", "--netmod", "ucx"], "hierarchical", None),
+])
+def test_netns_a_link_cut_mid_job_names_the_lost_ranks_everywhere(netns, tmp_path, options,
+                                                                  algorithm, count):
+    """Every rank raises within the timeout plus CUT_SLACK, naming the ranks beyond the cut
+    and, where they are on another node, that node; the job ends; nothing is left (the
+    hosts' /dev/shm are private mounts that go with them, namespaces and processes are
+    checked)."""
+    status, out, cut, end = _cut_mid_job(tmp_path, options, algorithm, 2, count)
+    results = _results(tmp_path)
+    assert status != 0, out[-5000:]
+    assert end - cut < CUT_TIMEOUT + CUT_SLACK + END_SLACK, (end - cut, out[-5000:])
+    sides = {0: [2, 3], 1: [2, 3], 2: [0, 1], 3: [0, 1]}  # the ranks beyond the cut
+    # Ranks 0 and 1 (mpiexec's host) must report; beyond the cut a rank may be killed
+    # first (by the abort of its host's other rank).
+    assert {0, 1} <= set(results), (results, out[-5000:])
+    for rank, got in results.items():
+        assert got["outcome"] in ("CollectiveTimeout", "PeerFailed"), got
+        assert got["wrong"] == 0 and got["calls"] >= 20, got
+        assert cut < got["at"] < cut + CUT_TIMEOUT + CUT_SLACK, (got["at"] - cut, got)
+        lost = sides[rank]
+        assert str(lost) in got["text"], got
+        host = "node1" if rank < 2 else "node0"
+        assert f"host '{host}'" in got["text"] and "stopped answering" in got["text"], got
+
+
+def test_netns_a_lossy_link_slows_but_never_stalls(netns, tmp_path):
+    """One packet in ten between the hosts dropped: TCP resends, calls are slower, none
+    waits as long as the timeout (no error), every result is right."""
+    if shutil.which(os.environ.get("CC", "cc")) is None:
+        pytest.skip("no C compiler for the delay line (set CC)")
+    if not os.path.exists("/dev/net/tun"):
+        pytest.skip("no /dev/net/tun: the delay line needs TUN devices")
+    status, out = _launch(["-H", "2x1", "--loss", "0.1"],
+                          [str(PARTITION), str(tmp_path), "loss", "ring", "50"],
+                          env=_env(PYCOLLECTIVE_TIMEOUT="200", PYCOLLECTIVE_TIMEOUT_S="10"))
+    assert status == 0, out[-5000:]
+    results = _results(tmp_path)
+    assert set(results) == {0, 1}, out[-5000:]
+    for got in results.values():
+        assert got["outcome"] == "ok" and got["calls"] == 50 and got["wrong"] == 0, got
+        assert got["slowest"] < 10, got
+    assert "dropped at random" in out  # the delay line did drop packets
+    print(f"lossy link: 50 calls in {max(r['seconds'] for r in results.values()):.1f} s, "
+          f"slowest {max(r['slowest'] for r in results.values()):.2f} s")

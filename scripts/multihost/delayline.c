@@ -1,7 +1,7 @@
 /* delayline: a wire with a fixed one-way delay (and an optional rate) between network
  * namespaces, in user space, for kernels without the netem qdisc.
  *
- *   delayline DELAY_US BYTES_PER_S NETNS_NAME...        (BYTES_PER_S 0: no rate limit)
+ *   delayline [-l SHARE] DELAY_US BYTES_PER_S NETNS_NAME...  (BYTES_PER_S 0: no rate limit)
  *
  * For each named namespace (as created by `ip netns add`) it opens a TUN device "tun0"
  * inside it, then writes "ready\n" to stdout; the caller then gives the k-th namespace's
@@ -10,7 +10,8 @@
  * later if the destination's link is still busy sending earlier packets at BYTES_PER_S.
  * Each destination has its own queue, so a busy link never delays another one.  Packets to
  * an unknown destination, and packets beyond QUEUE waiting for one destination, are dropped
- * (TCP sends them again).  SIGTERM or SIGINT end the program; the TUN devices disappear with
+ * (TCP sends them again).  With -l SHARE (0 to 1), each packet is also dropped with that
+ * probability, as a lossy link would (a fixed-seed generator: runs are repeatable).  SIGTERM or SIGINT end the program; the TUN devices disappear with
  * it.  A sleeping wake-up comes 10-20 us late on a loaded machine, so the last SPIN_NS
  * before a packet is due are spent polling instead (CPU is used only while packets wait).
  *
@@ -50,6 +51,16 @@ struct link {                 /* everything waiting for one destination */
 };
 
 static volatile sig_atomic_t stopping;
+static double loss;           /* share of packets dropped at random (-l) */
+static uint64_t seed = 0x9E3779B97F4A7C15u;
+static long lost;
+
+static double uniform(void) {  /* xorshift64*: a fixed sequence, good enough for dropping */
+    seed ^= seed >> 12;
+    seed ^= seed << 25;
+    seed ^= seed >> 27;
+    return (double)((seed * 0x2545F4914F6CDD1Du) >> 11) / 9007199254740992.0;
+}
 
 static void on_stop(int sig) { (void)sig; stopping = 1; }
 
@@ -91,6 +102,10 @@ static int enqueue(struct link *links, int hosts, const unsigned char *data, int
     if (to < 0 || to >= hosts)
         return 0;
     struct link *l = &links[to];
+    if (loss > 0 && uniform() < loss) {
+        lost++;
+        return 0;
+    }
     if (l->count == QUEUE) {
         l->dropped++;
         return 0;
@@ -114,8 +129,14 @@ static int enqueue(struct link *links, int hosts, const unsigned char *data, int
 }
 
 int main(int argc, char **argv) {
-    if (argc < 4) {
-        fprintf(stderr, "usage: %s DELAY_US BYTES_PER_S NETNS...\n", argv[0]);
+    if (argc > 2 && strcmp(argv[1], "-l") == 0) {
+        loss = atof(argv[2]);
+        argv[2] = argv[0];
+        argv += 2;
+        argc -= 2;
+    }
+    if (argc < 4 || loss < 0 || loss >= 1) {
+        fprintf(stderr, "usage: %s [-l SHARE] DELAY_US BYTES_PER_S NETNS...\n", argv[0]);
         return 2;
     }
     int64_t delay = (int64_t)(atof(argv[1]) * 1000);
@@ -186,6 +207,8 @@ int main(int argc, char **argv) {
             }
         }
     }
+    if (lost)
+        fprintf(stderr, "delayline: %ld packets dropped at random (-l %g)\n", lost, loss);
     for (int k = 0; k < hosts; k++)
         if (links[k].dropped)
             fprintf(stderr, "delayline: %ld packets to %s dropped (queue full)\n",

@@ -26,6 +26,8 @@
 #                       each host's veth, or the delay line's rate with --delay
 #   --delay TIME        one-way delay added per packet (25us, 1ms): hosts are then wired
 #                       through TUN devices and delayline.c (this kernel has no netem)
+#   --loss SHARE        drop that share of the packets between hosts at random (0.1: one
+#                       in ten), in the delay line (implies --delay 0us if none is given)
 #   --no-pin            let every host use all CPUs (default: host k's processes are bound
 #                       to its own share of this machine's CPUs, as separate machines
 #                       would be, so that a host's ranks per core are what they seem)
@@ -137,7 +139,7 @@ cleanup_stale() {
 
 # --- options -----------------------------------------------------------------------------------
 
-LAYOUT=2x2 CYCLIC=0 MODE=netns NETMOD=ofi RATE="" DELAY="" PIN=1
+LAYOUT=2x2 CYCLIC=0 MODE=netns NETMOD=ofi RATE="" DELAY="" LOSS="" PIN=1
 while [ $# -gt 0 ]; do
     case "$1" in
         -H|--hosts) LAYOUT=${2:-}; shift 2 || { usage >&2; exit 2; };;
@@ -147,6 +149,7 @@ while [ $# -gt 0 ]; do
         --netmod) NETMOD=${2:-}; shift 2 || { usage >&2; exit 2; };;
         --rate) RATE=${2:-}; shift 2 || { usage >&2; exit 2; };;
         --delay) DELAY=${2:-}; shift 2 || { usage >&2; exit 2; };;
+        --loss) LOSS=${2:-}; shift 2 || { usage >&2; exit 2; };;
         --check)
             why=$(netns_problem)
             if [ -n "$why" ]; then say "the netns mode is not possible here: $why"; exit 3; fi
@@ -175,6 +178,11 @@ for r in "${SIZES[@]}"; do
 done
 [ "$K" -ge 1 ] && [ "$K" -le 30 ] || { say "--hosts $LAYOUT: 1 to 30 hosts"; exit 2; }
 case "$NETMOD" in ofi|ucx) ;; *) say "--netmod ofi|ucx"; exit 2;; esac
+if [ -n "$LOSS" ]; then
+    awk -v l="$LOSS" 'BEGIN { exit !(l ~ /^[0-9.]+$/ && l >= 0 && l < 1) }' \
+        || { say "--loss $LOSS: a share from 0 to below 1, e.g. 0.1"; exit 2; }
+    DELAY=${DELAY:-0us}
+fi
 LIMIT=${PYCOLLECTIVE_TIMEOUT:-900}
 [[ "$LIMIT" =~ ^[0-9]+$ ]] || { say "PYCOLLECTIVE_TIMEOUT=$LIMIT: whole seconds"; exit 2; }
 PY=${PYTHON:-$(command -v python3 || command -v python)}
@@ -183,7 +191,7 @@ MPIEXEC="$BIN/mpiexec"
 [ -x "$MPIEXEC" ] || MPIEXEC=$(command -v mpiexec) || { say "no mpiexec (pip install mpich)"; exit 2; }
 
 if [ "$MODE" = cliques ]; then
-    [ -z "$RATE$DELAY" ] || { say "--rate and --delay need --mode netns"; exit 2; }
+    [ -z "$RATE$DELAY$LOSS" ] || { say "--rate, --delay and --loss need --mode netns"; exit 2; }
     [ "$NETMOD" = ofi ] || { say "--mode cliques: only --netmod ofi (UCX's tcp refuses lo)"; exit 2; }
     for r in "${SIZES[@]}"; do
         [ "$r" = "${SIZES[0]}" ] || { say "--mode cliques: hosts of equal size only"; exit 2; }
@@ -277,7 +285,7 @@ else
     [ -z "$RATE" ] || rate=$(bytes_per_s "$RATE") || fail "--rate $RATE: e.g. 1gbit"
     "${CC:-cc}" -O2 -o "$WORK/delayline" "$HERE/delayline.c" || fail "cannot build delayline.c"
     mkfifo "$WORK/ready"
-    "$WORK/delayline" "$us" "$rate" "${HOSTS[@]}" > "$WORK/ready" &
+    "$WORK/delayline" ${LOSS:+-l "$LOSS"} "$us" "$rate" "${HOSTS[@]}" > "$WORK/ready" &
     DELAYLINE_PID=$!
     read -r -t 10 line < "$WORK/ready" && [ "$line" = ready ] || fail "the delay line did not start"
 fi
@@ -343,7 +351,7 @@ else
 fi
 pinned=""
 [ $PIN = 1 ] && pinned=", CPUs $(for k in $(seq 0 $((K - 1))); do printf '%s ' "node$k:$(cpus_of "$k")"; done)"
-say "$K hosts ${SIZES[*]} ranks (${LAYOUT}$([ $CYCLIC = 1 ] && echo ", cyclic")), $IFACE link${RATE:+, rate $RATE}${DELAY:+, delay $DELAY}, netmod $NETMOD${pinned% }"
+say "$K hosts ${SIZES[*]} ranks (${LAYOUT}$([ $CYCLIC = 1 ] && echo ", cyclic")), $IFACE link${RATE:+, rate $RATE}${DELAY:+, delay $DELAY}${LOSS:+, loss $LOSS}, netmod $NETMOD${pinned% }"
 
 # mpiexec runs on host 0, as host 0 (Hydra starts host 0's ranks itself, without the
 # stand-in: the address is its own), in the background so that signals reach the traps

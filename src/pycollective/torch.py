@@ -66,6 +66,7 @@ import threading
 
 from mpi4py import MPI
 
+from .runtime import threads as _threads
 from . import compression as _compression
 from .runtime.root import bcast_from_root
 from .comm.dropin import Comm, Request
@@ -268,7 +269,9 @@ def _reduce(state, bucket, compress):
             # Backward has nothing left to compute: reducing here saves the
             # hand-offs to the helper thread and back.
             state._drain()
-            comm.Allreduce(MPI.IN_PLACE, tensor, op=MPI.SUM)
+            # DDP may run this on any of its autograd threads: pair by the hook, not by them.
+            with _threads.pairing("pycollective-ddp-hook"):
+                comm.Allreduce(MPI.IN_PLACE, tensor, op=MPI.SUM)
             future.set_result(tensor)
             return result
         request = comm.Iallreduce(MPI.IN_PLACE, tensor, op=MPI.SUM)

@@ -210,13 +210,16 @@ def mixed_check(algorithms):
 
 # --- misuse --------------------------------------------------------------------------------
 
-def threads(algorithms, calls="60", shapes="same", check="on"):
+def threads(algorithms, calls="60", shapes="same", check="on", first="none"):
     """Two threads call collectives on one communicator at once.
 
     With ``shapes=same`` every call has the same shape and data, so however
     the calls of different ranks pair up, every result must be right.  With
     ``shapes=differ`` the threads' calls differ: pairings that mix them must
-    raise, never return wrong data or crash.
+    raise, never return wrong data or crash.  With ``shapes=values`` they
+    have the same shape but each thread reduces its own values (``x * (k +
+    1)`` in thread k): a pairing of two threads' calls that is not refused
+    returns the wrong sum.  ``first=main``: one call on the main thread first.
     """
     calls = int(calls)
     pycollective.set_check(check == "on")
@@ -233,18 +236,22 @@ def threads(algorithms, calls="60", shapes="same", check="on"):
         warm.Free()
         comm = WORLD.Dup()
         pycollective.set_timeout(TIMEOUT, comm=comm)
+        if first == "main":
+            x = data(RANK, 2000)
+            pycollective.allreduce(x, np.empty_like(x), comm=comm, algorithm=algo)
         wrong, errors = [0], []
 
         def work(seed):
+            scale = seed + 1 if shapes == "values" else 1
             for i in range(calls):
-                count = 2000 if shapes == "same" else 2000 + seed
-                x = data(RANK, count)
+                count = 2000 + seed if shapes == "differ" else 2000
+                x = data(RANK, count) * scale
                 try:
                     out = pycollective.allreduce(x, np.empty_like(x), comm=comm, algorithm=algo)
                 except Exception as exc:  # noqa: BLE001
                     errors.append(f"{type(exc).__name__}: {exc}")
                     return
-                if not np.array_equal(out, expected(count)):
+                if not np.array_equal(out, expected(count) * scale):
                     wrong[0] += 1
 
         pool = [threading.Thread(target=work, args=(s,)) for s in range(2)]
@@ -254,6 +261,38 @@ def threads(algorithms, calls="60", shapes="same", check="on"):
             t.join()
         outcome = "wrong" if wrong[0] else (errors[0].split(":")[0] if errors else "ok")
         report(f"threads:{algo}", outcome, f"{wrong[0]} wrong of {2 * calls}; {errors[:1]}")
+        comm.Free()
+
+
+def threads_turns(algorithms, checks="on"):
+    """Threads that take turns on one communicator, started in the same order on every
+    rank (so named alike): the main thread, a worker, the main thread, a second worker,
+    each with its own values.  Supported: every result must be right."""
+    for check, algo in [(c, a) for c in checks.split(",") for a in algorithms.split(",")]:
+        pycollective.set_check(check == "on")
+        comm = WORLD.Dup()
+        pycollective.set_timeout(TIMEOUT, comm=comm)
+        wrong, errors = [0], []
+
+        def work(scale, calls=5):
+            for _ in range(calls):
+                x = data(RANK, 2000) * scale
+                try:
+                    out = pycollective.allreduce(x, np.empty_like(x), comm=comm, algorithm=algo)
+                except Exception as exc:  # noqa: BLE001
+                    errors.append(f"{type(exc).__name__}: {exc}")
+                    return
+                wrong[0] += not np.array_equal(out, expected(2000) * scale)
+
+        for scale in (1, 2, 3, 4):
+            if scale % 2:
+                work(scale)
+            else:
+                worker = threading.Thread(target=work, args=(scale,))
+                worker.start()
+                worker.join()
+        outcome = "wrong" if wrong[0] else (errors[0].split(":")[0] if errors else "ok")
+        report(f"threads-turns-{check}:{algo}", outcome, f"{wrong[0]} wrong of 20; {errors[:1]}")
         comm.Free()
 
 

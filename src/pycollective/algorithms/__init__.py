@@ -6,7 +6,7 @@ beside its code) and one per family of the other collectives
 point-to-point helpers; ``shm/`` the shared-memory ones and their compiled
 steps.
 
-May import: ``node``, ``runtime``, ``data``, ``_errors``.  Only the call path's
+May import: ``node``, ``runtime``, ``data``, ``timeline``, ``_errors``.  Only the call path's
 ``api`` and ``options`` import this package (to register them), never a module
 of it.
 """

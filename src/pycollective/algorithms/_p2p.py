@@ -26,7 +26,7 @@ import threading
 
 from mpi4py import MPI
 
-from ..runtime import watch as _watch
+from ..runtime import hosts as _hosts, watch as _watch
 from .._errors import CollectiveMismatch
 from ..runtime.registry import reserve_tags
 
@@ -98,7 +98,7 @@ class _From:
         sources = sorted({s for _, s in self.receives})
         if not sources:
             return "sends to complete"
-        return f"messages from rank{'s' if len(sources) > 1 else ''} {', '.join(map(str, sources))}"
+        return f"messages from rank{'s' if len(sources) > 1 else ''} {_hosts.call_ranks(sources)}"
 
 
 def wait(requests, receives=()):

@@ -48,7 +48,7 @@ import math
 import numpy as np
 from mpi4py import MPI
 
-from ..runtime import env as _env, watch as _watch
+from ..runtime import env as _env, hosts as _hosts, watch as _watch
 from ..runtime.context import Context, Key
 from .._errors import ConfigurationError
 from ..data.partition import chunk_bounds
@@ -112,6 +112,8 @@ class _HierState:
         finally:
             node.Free()  # the group keeps shared memory, not the communicator
         self.inter = Context(leaders, f"the node leaders of {ctx.label}") if self.leader else None
+        # The leaders' ranks as the call's, for messages (no communication).
+        self.leader_ranks = None if self.inter is None else _call_ranks(leaders, comm)
         self.nodes = self.inter.size if self.inter is not None else None
 
     def free(self):
@@ -121,6 +123,16 @@ class _HierState:
         if self.inter is not None:
             self.inter.free()
             self.inter = None
+
+
+def _call_ranks(sub, comm):
+    """``comm``'s rank of each rank of ``sub`` (local: no communication)."""
+    mine, theirs = sub.Get_group(), comm.Get_group()
+    try:
+        return MPI.Group.Translate_ranks(mine, list(range(sub.Get_size())), theirs)
+    finally:
+        mine.Free()
+        theirs.Free()
 
 
 def _state(ctx):
@@ -144,7 +156,8 @@ def hierarchical_allreduce(ctx, src, dst, kernel):
     state = _state(ctx)
     node = state.node
     if node.size == 1:
-        _inter_allreduce(state.inter, src, dst, kernel)
+        with _hosts.sub_ranks(state.leader_ranks, "the node leaders' exchange"):
+            _inter_allreduce(state.inter, src, dst, kernel)
         return
     offset, trailing = node.begin(dst.nbytes)
     slots = node.slots(offset, dst.nbytes, dst.dtype)
@@ -160,7 +173,8 @@ def hierarchical_allreduce(ctx, src, dst, kernel):
             lo, hi = bounds[q], bounds[q + 1]
             if hi > lo:
                 total[lo:hi] = slots[q][lo:hi]
-        _inter_allreduce(state.inter, total, total, kernel)
+        with _hosts.sub_ranks(state.leader_ranks, "the node leaders' exchange"):
+            _inter_allreduce(state.inter, total, total, kernel)
     node.sync()
     dst[...] = slots[0]
     if trailing:

@@ -8,6 +8,6 @@ choice of algorithm; ``options`` what a caller sets and asks before calling;
 buffers enter the public functions (native, staged, or an error).
 
 May import: ``data``, ``runtime``, ``node``, ``model``, ``device``, ``compression``,
-``_errors``, and the ``algorithms`` package (importing it registers them;
+``timeline``, ``_errors``, and the ``algorithms`` package (importing it registers them;
 ``api`` and ``options`` only).
 """

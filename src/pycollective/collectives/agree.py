@@ -27,6 +27,7 @@ from ..runtime.context import Key
 from .._errors import CollectiveMismatch
 from ..node.group import SharedMax, whole_node
 from .. import timeline as _timeline
+from ..runtime import threads as _threads
 
 __all__ = ["Facts", "agree", "fact_values", "agree_max", "board", "verdict", "needs_agreement",
            "run_checked", "MAX_FACTS"]
@@ -121,6 +122,20 @@ def verdict(ctx, what: str, error: Optional[BaseException], facts: Optional[Fact
         raise _ERRORS.get(kind, ValueError)(f"{what}: invalid arguments on rank {bad}: {text}")
     for i, (label, _) in enumerate(facts):
         hi, lo = values[3 + 2 * i], -values[4 + 2 * i]
+        if hi != lo and label == _threads.LABEL:
+            call = _watch.current()
+            exc = CollectiveMismatch(
+                f"{what} call #{call.number if call else '?'} on {ctx.label}: the ranks are in "
+                f"calls made by different threads ({_threads.describe(lo)} and "
+                f"{_threads.describe(hi)} among others; this rank's is "
+                f"{_threads.describe(dict(facts)[label])}); nothing was reduced. "
+                f"{_threads.ADVICE[0].upper()}{_threads.ADVICE[1:]}",
+                collective=what, call=call.number if call else None, comm=ctx.label)
+            # Broken here: this rank's other threads' calls would pair up at random too.
+            # Every rank of the call raises this now, so no notice is sent (one left
+            # unreceived could reach a later communicator that reuses this one's context).
+            ctx.broken = exc
+            raise exc
         if hi != lo:
             raise ValueError(f"{what}: ranks disagree on {label} "
                              f"(values from {lo} to {hi} across ranks)")

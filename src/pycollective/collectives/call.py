@@ -27,6 +27,7 @@ from .agree import Facts, agree, needs_agreement, verdict
 from ..runtime.context import Context, comm_settings, get_context
 from .._errors import CollectiveTimeout, ConfigurationError
 from .. import timeline as _timeline
+from ..runtime import threads as _threads
 
 AUTO = "auto"
 DEFAULT = _settings.UNSET  # "not given": the communicator's or the process's setting
@@ -52,7 +53,8 @@ def settings_facts(settings: _settings.Settings) -> Facts:
     return (("segment size (set_segment_bytes / PYCOLLECTIVE_SEGMENT_BYTES)",
              settings.segment_bytes),
             ("timeout in ms (set_timeout / PYCOLLECTIVE_TIMEOUT_S)", timeout_ms),
-            ("the agreement setting (set_check / PYCOLLECTIVE_CHECK)", int(settings.check)))
+            ("the agreement setting (set_check / PYCOLLECTIVE_CHECK)", int(settings.check)),
+            (_threads.LABEL, _threads.code()))
 
 
 def hold(ctx: Context, what: str, limit) -> None:

@@ -27,6 +27,7 @@ from ..runtime import settings as _settings
 from .agree import Facts, fact_values, made_board, needs_agreement, run_checked
 from ..runtime.context import Context, Key, find_context
 from ..runtime.registry import Algorithm
+from ..runtime import threads as _threads
 
 __all__ = ["Plan", "lookup", "remember"]
 
@@ -77,7 +78,9 @@ def lookup(sendbuf, recvbuf, op, comm, algorithm, timeout) -> Optional[tuple]:
     if memo is None:
         return None
     try:
-        plan = memo.get((algorithm, _op_key(op), recvbuf.dtype, recvbuf.size, timeout))
+        # Per calling thread: its name is in the plan's fingerprint and agreement (_threads).
+        plan = memo.get((algorithm, _op_key(op), recvbuf.dtype, recvbuf.size, timeout,
+                         _threads.code()))
     except TypeError:  # an unhashable timeout: the full path says what is wrong
         return None
     if plan is None or plan.epoch != _settings.epoch or (
@@ -122,7 +125,7 @@ def remember(ctx: Context, algorithm: str, op, timeout, algo: Algorithm, kernel:
     auto = ctx.peek(_auto.KEY) if algorithm == "auto" else None
     agreement = needs_agreement(call.settings, algo)
     run = _prepared(ctx, algo, kernel, dst, agreement)
-    memo[(algorithm, key, dst.dtype, dst.size, timeout)] = Plan(
+    memo[(algorithm, key, dst.dtype, dst.size, timeout, call.fingerprint[8])] = Plan(
         algo, kernel, template, facts, auto, call.settings,
         call.fingerprint, call.fingerprint_words, call.tag_offset, _settings.epoch,
         agreement, run, getattr(run, "fast", None))

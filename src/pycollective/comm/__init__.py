@@ -6,7 +6,8 @@ or an error every rank raises); ``nonblocking`` the nonblocking forms on one
 helper thread per communicator, and their ``Request``; ``device`` device
 buffers in the drop-in's methods and training's arrays (host mirrors).
 
-May import: ``collectives``, ``device``, ``data``, ``runtime``, ``compression``, ``_errors``.
+May import: ``collectives``, ``device``, ``data``, ``runtime``, ``compression``,
+``timeline``, ``_errors``.
 """
 
 from .dropin import Comm, Request

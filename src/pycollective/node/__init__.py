@@ -6,5 +6,5 @@ at raw addresses in compiled code; ``group`` the node group, its slots and MAX
 board; ``cma`` reading a peer's memory by address; ``arrays`` the arrays
 ``shared_empty`` allocates and where each rank's buffers lie in them.
 
-May import: ``data``, ``runtime``, ``_errors``.
+May import: ``data``, ``runtime``, ``timeline``, ``_errors``.
 """

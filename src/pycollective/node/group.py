@@ -37,6 +37,7 @@ from ..runtime.context import Key
 from .._errors import CollectiveMismatch
 from .segment import Segment
 from .. import timeline as _timeline
+from ..runtime import threads as _threads
 
 # Segment, FlagBarrier and wait_modes live in their own modules; re-exported
 # because the node's users know them from here.
@@ -217,7 +218,9 @@ class NodeGroup:
         odd = [q for q in range(self.size) if not np.array_equal(rows[q], mine)]
         exc = CollectiveMismatch(
             f"{call.title()}: the ranks sharing this node disagree: node rank {self.rank} is in "
-            f"{what(mine)}; " + "; ".join(f"node rank {q} is in {what(rows[q])}" for q in odd),
+            f"{what(mine)}; " + "; ".join(f"node rank {q} is in {what(rows[q])}" for q in odd)
+            + _threads.hint(tuple(int(v) for v in mine[1:1 + len(_watch.FIELDS)]),
+                            tuple(int(v) for v in rows[odd[0]][1:1 + len(_watch.FIELDS)])),
             collective=call.what, call=call.number, comm=call.ctx.label, ranks=tuple(odd))
         raise _watch.fail(call, exc)
 

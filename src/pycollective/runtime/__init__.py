@@ -4,7 +4,9 @@
 settings that must match across ranks; ``context`` a communicator's private
 ``Dup``, lock, call numbers, scratch and typed cache; ``watch`` bounded waits,
 the side channel, call fingerprints; ``registry`` the algorithms and their
-costs; ``root`` one rank loads, every rank gets the value or the error.
+costs; ``root`` one rank loads, every rank gets the value or the error;
+``threads`` which thread a call comes from (calls pair across ranks by it);
+``hosts`` where each rank runs, for messages that name a lost node.
 
-May import: ``data``, ``_errors``.
+May import: ``data``, ``timeline``, ``_errors``.
 """

@@ -28,13 +28,14 @@ collective operation.
 """
 
 import atexit
+import os
 import threading
 from typing import Callable, Dict, Generic, Optional, TypeVar
 
 import numpy as np
 from mpi4py import MPI
 
-from . import watch as _watch
+from . import hosts as _hosts, watch as _watch
 from .._errors import CollectiveError
 
 __all__ = ["Context", "Key", "get_context", "find_context", "comm_settings", "set_comm_setting",
@@ -82,7 +83,7 @@ class Context:
     """Private communicator, rank, size, scratch space and cached state of one user comm."""
 
     __slots__ = ("comm", "rank", "size", "label", "lock", "calls", "broken", "pending_notices",
-                 "early_notices", "_scratch", "_cache", "__weakref__")
+                 "early_notices", "hosts", "token", "_scratch", "_cache", "__weakref__")
 
     def __init__(self, comm, label=None):
         self.comm = comm
@@ -94,6 +95,11 @@ class Context:
         self.broken: Optional[BaseException] = None
         self.pending_notices = []      # side-channel sends not yet completed
         self.early_notices = []        # side-channel notices about a later call
+        self.hosts = None              # _hosts.Hosts: where each rank runs, for messages
+        # The same random number on every rank, in its side-channel notices: MPICH reuses
+        # a freed communicator's context id, and a notice still in flight when it was
+        # freed must not count on the communicator that gets that id next.
+        self.token = 0
         self._scratch: Dict[Key, np.ndarray] = {}
         # Values may have a ``free()`` method, called when the context dies
         # (in reverse order of creation: later state may use earlier state).
@@ -259,8 +265,10 @@ def _create(comm) -> Context:
     # must not route the library's own traffic back through the wrapper.
     plain = MPI.Intracomm(comm)
     label = describe_comm(plain)
+    waiting_for = f"every rank's first pycollective call on {label}"
     try:
-        private = duplicate(plain, label, f"every rank's first pycollective call on {label}")
+        private = duplicate(plain, label, waiting_for)
+        hosts, token = _gather_hosts(private, waiting_for)
     except _watch.CollectiveTimeout as exc:
         # Later calls raise at once instead of waiting again.
         broken = Context(MPI.COMM_NULL, label)
@@ -268,8 +276,25 @@ def _create(comm) -> Context:
         comm.Set_attr(_keyval(), broken)
         raise
     ctx = Context(private, label)
+    ctx.hosts, ctx.token = hosts, token
     _LIVE[id(ctx)] = ctx
     return ctx
+
+
+def _gather_hosts(private, waiting_for):
+    """``(hosts, token)``: every rank's processor name, for naming nodes in messages, and
+    rank 0's random token (collective, bounded: one small Iallgather)."""
+    if private.Get_size() == 1:
+        return None, 0
+    n = _hosts.NAME_BYTES
+    mine = np.zeros(n + 8, np.uint8)
+    raw = MPI.Get_processor_name().encode("utf-8", "replace")[:n]
+    mine[:len(raw)] = np.frombuffer(raw, np.uint8)
+    mine[n:] = np.frombuffer(os.urandom(8), np.uint8)
+    rows = np.empty((private.Get_size(), n + 8), np.uint8)
+    _watch.waitall([private.Iallgather(mine, rows)], waiting_for=waiting_for)
+    token = int.from_bytes(rows[0, n:].tobytes(), "little") >> 1 or 1
+    return _hosts.Hosts.from_bytes(rows[:, :n]), token
 
 
 @atexit.register

@@ -40,7 +40,7 @@ from typing import NamedTuple, Optional, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from . import settings as _settings
+from . import hosts as _hosts, settings as _settings, threads as _threads
 from .._errors import (CollectiveError, CollectiveMismatch, CollectiveTimeout, CommunicatorBroken,
                        PeerFailed, StallWarning)
 from ..data.kernels import SUPPORTED_DTYPES
@@ -131,14 +131,14 @@ def end(call: Call) -> None:
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "bcast", "reduce", "allgatherv",
                "reduce_scatterv")
 FIELDS = ("collective", "count", "dtype", "op", "algorithm", "check", "segment_bytes",
-          "timeout_ms")
+          "timeout_ms", "thread")  # thread: the calling thread's name, hashed (_threads)
 
 
 def fingerprint(what, count, dtype_code, op_code, algo_code, settings) -> tuple:
     """The fingerprint of one call (codes: indexes into the tables :func:`describe` uses)."""
     timeout_ms = -1 if settings.timeout is None else int(settings.timeout * 1000)
     return (COLLECTIVES.index(what), int(count), dtype_code, op_code, algo_code,
-            int(settings.check), int(settings.segment_bytes), timeout_ms)
+            int(settings.check), int(settings.segment_bytes), timeout_ms, _threads.code())
 
 
 def fingerprint_words(fp):
@@ -156,7 +156,7 @@ def describe(fp) -> str:
     def pick(table, i, none="-"):
         return table[i] if 0 <= i < len(table) else none
 
-    what, count, dtype, op, algo, check, segment, timeout = fp
+    what, count, dtype, op, algo, check, segment, timeout = fp[:8]
     name = pick(COLLECTIVES, what, "?")
     algos = names(name)
     # The gathers and bcast move bytes, not reduced elements: their
@@ -172,6 +172,8 @@ def describe(fp) -> str:
         fields.append(f"algorithm={'auto' if algo == len(algos) else pick(algos, algo)}")
     fields += [f"check={'on' if check else 'off'}", f"segment_bytes={segment}",
                f"timeout={'none' if timeout < 0 else f'{timeout / 1000:g} s'}"]
+    if len(fp) > 8:
+        fields.append(f"thread={_threads.describe(fp[8])}")
     return f"{name}({', '.join(fields)})"
 
 
@@ -188,6 +190,8 @@ def tag_offset(fp, tag_ub) -> int:
     # MPI over UCX allows (MPICH allows 2**29 - 1).
     code = (((((what * 16 + max(dtype, 0)) * 4 + max(op, 0)) * 2 + check) * 32 + algo + 1)
             & 0x7FFF)
+    if len(fp) > 8:  # the calling thread: two threads' messages never match (_threads)
+        code ^= _threads.tag_bits(fp[8])
     offset = code << 8
     return offset if offset + 255 <= tag_ub else 0
 
@@ -204,10 +208,13 @@ class Notice(NamedTuple):
     error: str = ""           # exception class name, for "failed"
     text: str = ""
     ranks: tuple = ()
+    token: int = 0            # the sender's Context.token: one from a freed communicator
+                              # whose context id MPI gave this one is not for it
 
 
 def _send_all(ctx, notice):
     """Tell every other rank; never waits (a stopped rank must not stop us)."""
+    notice = notice._replace(token=getattr(ctx, "token", 0))
     for q in range(ctx.size):
         if q != ctx.rank:
             ctx.pending_notices.append(ctx.comm.isend(notice, dest=q, tag=TAG_NOTICE))
@@ -258,8 +265,11 @@ def _drain(call: Call) -> None:
     early, ctx.early_notices = ctx.early_notices, []
     for notice in early:
         _take(call, notice)
+    token = getattr(ctx, "token", 0)
     while comm.Iprobe(MPI.ANY_SOURCE, TAG_NOTICE, status):
-        _take(call, comm.recv(source=status.Get_source(), tag=TAG_NOTICE))
+        notice = comm.recv(source=status.Get_source(), tag=TAG_NOTICE)
+        if notice.token == token:
+            _take(call, notice)
 
 
 def _take(call: Call, notice: Notice) -> None:
@@ -281,7 +291,8 @@ def _take(call: Call, notice: Notice) -> None:
         exc = CollectiveMismatch(
             f"{call.title()}: ranks called different collectives or arguments: rank "
             f"{notice.rank} called {describe(notice.fingerprint)}, rank {ctx.rank} called "
-            f"{describe(call.fingerprint)}", collective=call.what, call=call.number,
+            f"{describe(call.fingerprint)}{_threads.hint(call.fingerprint, notice.fingerprint)}",
+            collective=call.what, call=call.number,
             comm=ctx.label, ranks=tuple(sorted((notice.rank, ctx.rank))))
         raise fail(call, exc)
 
@@ -412,11 +423,13 @@ class Waiter:
         if failed:
             ctx.early_notices = []
             _raise_peer_failure(call, failed[0])
-        late = _late(call)
+        late, hosts = _late(call), getattr(ctx, "hosts", None)
         exc = CollectiveTimeout(
             f"{call.title()} timed out on rank {ctx.rank} after {elapsed:.1f} s without "
-            f"progress waiting for {self.waiting_for}: ranks {late} did not arrive (stopped, "
-            f"dead, or not calling it){_elsewhere(call)}; the communicator is now unusable",
+            f"progress waiting for "
+            f"{_hosts.waiting_text(hosts, ctx.rank, late, self.waiting_for)}: "
+            f"{_hosts.missing(hosts, ctx.rank, late)}"
+            f"{_elsewhere(call)}; the communicator is now unusable",
             collective=call.what, call=call.number, comm=ctx.label, ranks=late)
         raise fail(call, exc)
 

@@ -6,7 +6,7 @@ replicated small path, the slot path, the single-copy path); ``small`` and
 prepared calls a repeated call reuses); ``common`` is the node state the "shm"
 reduce-scatter, allgather, bcast and reduce share.
 
-May import: ``data``, ``runtime``, ``node``, ``_errors``.  Importing the
+May import: ``data``, ``runtime``, ``node``, ``timeline``, ``_errors``.  Importing the
 package registers the allreduce.
 """
 
