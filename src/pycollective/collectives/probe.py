@@ -2,7 +2,7 @@
 
 Without a calibration file the model has only built-in numbers, measured on
 another machine; on a machine with other cores, memory and MPI library they
-are other numbers (docs/results/first-use.md).  So, on a communicator's first
+are other numbers (docs/cost-model.md#measured-on-first-use).  So, on a communicator's first
 automatic choice, when rank 0 finds no calibration file (``PYCOLLECTIVE_MODEL``
 or the cache's ``model.json``) and no saved measurement of this machine, all
 ranks measure, at once and as they run inside an allreduce:
