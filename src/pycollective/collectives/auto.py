@@ -227,7 +227,8 @@ class AutoState:
             if self.mode == "model":
                 return _registry.get(self._decide(key, dtype, Decision(
                     ranking[0][0], "model", count, {}, dict(ranking[:1]))).algorithm)
-            tuner = Tuner(ranking, count, always=_layout_aware(self.layout))
+            tuner = Tuner(_probe.trusted(ranking, self.params), count,
+                          always=_layout_aware(self.layout))
             if tuner.decision is not None:  # one candidate: nothing to time
                 return _registry.get(self._decide(key, dtype, tuner.decision).algorithm)
             if len(self.tuners) >= self._LIMIT:

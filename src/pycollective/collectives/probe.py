@@ -273,6 +273,7 @@ def machine_params(ctx, layout, loaded):
     if what == "off":
         return loaded
     if what == "saved":
+        found["measured_here"] = True
         return found
     entry, _ = measure(comm, layout)
     data = {"version": 1, "by_nranks": {str(ctx.size): entry}, "machine": machine_facts(layout),
@@ -284,7 +285,24 @@ def machine_params(ctx, layout, loaded):
             warnings.warn(f"pycollective: cannot keep this machine's parameters in {found}: {exc}")
     params = load_params_from(data)
     params["source"] = f"measured on first use ({found})"
+    params["measured_here"] = True
     return params
+
+
+#: With parameters measured on this machine, auto times only the algorithms the model
+#: puts within this factor of its best (and the layout-aware ones it always times
+#: within it): the model's error target is 25 %, and each trial call goes the full
+#: path, many times a decided call's time (docs/results/auto-score.md).
+TRUST = 1.5
+
+
+def trusted(ranking, params):
+    """``ranking`` cut to what auto should time: all of it unless ``params`` were measured
+    here, else the algorithms predicted within :data:`TRUST` of the best."""
+    if not params.get("measured_here") or not ranking:
+        return ranking
+    best = ranking[0][1]
+    return [(name, t) for name, t in ranking if t <= TRUST * best]
 
 
 def load_params_from(data):
