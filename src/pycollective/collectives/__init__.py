@@ -2,7 +2,8 @@
 
 ``api`` the public functions (each checks its own arguments); ``call`` one
 call's prepare, run and leave; ``plans`` the plans of repeated call shapes;
-``agree`` the cross-rank agreement; ``auto`` and ``choose`` the automatic
+``agree`` the cross-rank agreement; ``auto``, ``probe`` (the model's parameters measured on
+first use) and ``choose`` the automatic
 choice of algorithm; ``options`` what a caller sets and asks before calling;
 ``allocate`` ``shared_empty`` and ``release``; ``device`` where device
 buffers enter the public functions (native, staged, or an error).

@@ -45,6 +45,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..runtime import env as _env, registry as _registry, watch as _watch
+from . import probe as _probe
 from .agree import agree_max, fact_values, needs_agreement, run_checked, verdict
 from ..runtime.context import Context, Key
 from .._errors import CollectiveMismatch
@@ -227,7 +228,8 @@ class AutoState:
             if self.mode == "model":
                 return _registry.get(self._decide(key, dtype, Decision(
                     ranking[0][0], "model", count, {}, dict(ranking[:1]))).algorithm)
-            tuner = Tuner(ranking, count, always=_layout_aware(self.layout))
+            tuner = Tuner(_probe.trusted(ranking, self.params), count,
+                          always=_layout_aware(self.layout))
             if tuner.decision is not None:  # one candidate: nothing to time
                 return _registry.get(self._decide(key, dtype, tuner.decision).algorithm)
             if len(self.tuners) >= self._LIMIT:
@@ -375,9 +377,12 @@ def auto_for(ctx: Context, params: Optional[dict] = None,
             _watch.arrive(ctx.comm, "its first automatic choice")
         loaded, setting, path, kept = bcast_from_root(
             ctx.comm, _load_everything, what="algorithm='auto': loading the cost model")
+        layout = layout_of(ctx)
         if params is not None:
             loaded = params
             setting = mode or setting
-        state = ctx.put(KEY, AutoState(loaded, ctx.size, unusable_reasons(ctx), layout_of(ctx),
+        else:  # no calibration file: this machine's measured parameters (collectives.probe)
+            loaded = _probe.machine_params(ctx, layout, loaded)
+        state = ctx.put(KEY, AutoState(loaded, ctx.size, unusable_reasons(ctx), layout,
                                        setting, path, kept))
     return state

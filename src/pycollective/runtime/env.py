@@ -117,6 +117,11 @@ AUTO = _setting(
     "model's best 3 or 4 and keep the fastest), model (the model's choice, nothing timed), "
     "or a file: tune, keep the decisions in that JSON file and follow those it holds; "
     "rank 0's value counts")
+MEASURE = _setting(
+    "PYCOLLECTIVE_MEASURE", parse_bool, True,
+    "without a calibration file, measure this machine's alpha, beta, gamma, memory speed and "
+    "sync cost on the first automatic choice (well under a second) and keep them in "
+    "~/.cache/pycollective/machines/ for later jobs (default on; 0: the built-in defaults)")
 SEGMENT_BYTES = _setting(
     "PYCOLLECTIVE_SEGMENT_BYTES", parse_positive_int, 1 << 20,
     "segment size of ring_pipelined in bytes (default 1 MiB); must match on all ranks")

@@ -1,0 +1,311 @@
+"""The first-use measurement: the model's parameters from the machine the job runs on.
+
+Without a calibration file the model has only built-in numbers, measured on
+another machine; on a machine with other cores, memory and MPI library they
+are other numbers (docs/cost-model.md#measured-on-first-use).  So, on a communicator's first
+automatic choice, when rank 0 finds no calibration file (``PYCOLLECTIVE_MODEL``
+or the cache's ``model.json``) and no saved measurement of this machine, all
+ranks measure, at once and as they run inside an allreduce:
+
+* α and β inside a node: a ring of ``Sendrecv`` (each rank sends to the right,
+  receives from the left) of 8 B, 64 KiB and 4 MiB, on every node at once;
+  across nodes the same ring among one rank per node gives the links between
+  nodes.  A ring keeps the cost independent of N: every rank sends one message
+  per step, whatever N is.
+* γ per dtype: the sum kernel of float32 (and float64 where the process has
+  loaded that kernel already; else float32's rate per byte) on 64 KiB (in
+  cache) and 8 MiB (from memory) on every rank at once; the two-byte floats,
+  which are compute bound, keep their built-in ratio to float32's γ.
+* the memory bandwidth (a copy of 8 MiB, every rank at once), the cost of a
+  sync (``Barrier``) and of the agreement step (a small ``Allreduce``): the
+  shared-memory algorithm moves data at memory speed and synchronises with
+  atomics, not with messages, so its price is made from those
+  (``corrections["shm"]``, the ratio of that price to its α-β-γ cost).
+
+Each number is the minimum over a few repetitions on every rank, then the
+slowest rank's (one MAX reduction), so every rank holds the same parameters.
+Ranks that share cores measure their own contention (the probe runs on the
+real layout); the layout itself comes from the ranks' affinity masks
+(:func:`~pycollective.collectives.auto.layout_of`).  Rank 0 keeps the result in
+``$XDG_CACHE_HOME/pycollective/machines/<key>.json``, keyed by CPU model,
+cores, MPI library and the ranks on each node, so later jobs on the same
+machine and layout read it instead of measuring.  ``PYCOLLECTIVE_MEASURE=0``
+turns the measurement off (the built-in defaults then serve); a calibration
+file always wins over it.
+"""
+
+import hashlib
+import json
+import os
+import time
+import warnings
+
+import numpy as np
+from mpi4py import MPI
+
+from ..runtime import env as _env, registry as _registry
+from ..runtime.root import bcast_from_root
+from ..node.group import node_comm
+from ..data import kernels as _kernels
+from ..data.kernels import get_kernel
+from ..model.params import BUILTIN, DEFAULTS, ANY_DTYPE, load_params, write_json
+
+__all__ = ["VERSION", "machine_facts", "cache_file", "measure", "machine_params",
+           "SMALL", "MID", "LARGE", "KERNEL_IN", "KERNEL_OUT"]
+
+VERSION = 1
+SMALL, MID, LARGE = 8, 64 << 10, 4 << 20      # bytes of the ring messages
+KERNEL_IN, KERNEL_OUT = 64 << 10, 8 << 20     # bytes reduced: in a core's cache, from memory
+_REPS = 3                                     # repetitions; the minimum counts
+_SMALL_STEPS = 8                              # exchanges per repetition of the small message
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or platform.machine()
+
+
+def machine_facts(layout) -> dict:
+    """What the saved measurement is kept for (the same on every rank of a node)."""
+    library = " ".join(MPI.Get_library_version().replace("\0", "").split())[:200]
+    return {"cpu": _cpu_model(), "cpu_count": os.cpu_count(), "mpi": library,
+            "mpi4py": __import__("mpi4py").__version__, "ranks_per_node": list(layout.nodes),
+            "cores_per_node": list(layout.cores), "blocks": bool(layout.blocks),
+            "probe": VERSION}
+
+
+def cache_file(facts: dict) -> str:
+    """Where the measurement of this machine and layout is kept."""
+    key = hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:20]
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "pycollective", "machines", f"{key}.json")
+
+
+# --- measuring --------------------------------------------------------------------------------
+
+def _ring_time(comm, nbytes, steps, reps):
+    """Minimum over ``reps`` of one ring exchange's time (``steps`` back to back) on this rank."""
+    size, rank = comm.Get_size(), comm.Get_rank()
+    right, left = (rank + 1) % size, (rank - 1) % size
+    out = np.ones(max(nbytes, 1), np.uint8)
+    into = np.empty_like(out)
+    best = float("inf")
+    for rep in range(reps + 1):  # the first warms the path (buffers, eager cells)
+        comm.Barrier()
+        start = time.perf_counter()
+        for _ in range(steps):
+            comm.Sendrecv(out, right, 0, into, left, 0)
+        t = (time.perf_counter() - start) / steps
+        if rep:
+            best = min(best, t)
+    return best
+
+
+def _local_time(fn, reps):
+    fn()
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _kernel_rate(comm, dtype, nbytes):
+    kernel = get_kernel("sum", dtype)
+    n = nbytes // np.dtype(dtype).itemsize
+    a, b = np.ones(n, dtype), np.ones(n, dtype)
+    out = np.empty(n, dtype)
+    comm.Barrier()
+    return _local_time(lambda: kernel(a, b, out), _REPS) / nbytes
+
+
+def _comm_time(comm, fn, steps):
+    fn()
+    best = float("inf")
+    for _ in range(_REPS):
+        comm.Barrier()
+        start = time.perf_counter()
+        for _ in range(steps):
+            fn()
+        best = min(best, (time.perf_counter() - start) / steps)
+    return best
+
+
+_FIELDS = ("t_small", "t_mid", "t_large", "g32_in", "g32_out", "g64_in", "g64_out", "copy",
+           "barrier", "agree", "inter_small", "inter_large")
+
+
+def _local_measurements(comm, node, leaders):
+    m = dict.fromkeys(_FIELDS, 0.0)
+    m["t_small"] = _ring_time(node, SMALL, _SMALL_STEPS, _REPS)
+    m["t_mid"] = _ring_time(node, MID, 2, _REPS)
+    m["t_large"] = _ring_time(node, LARGE, 1, _REPS)
+    m["g32_in"] = _kernel_rate(node, np.float32, KERNEL_IN)
+    m["g32_out"] = _kernel_rate(node, np.float32, KERNEL_OUT)
+    # float64's kernel only if this process loaded it already (loading one costs more than
+    # the whole probe); else float32's rate per byte, as both are memory bound from memory.
+    known = ("sum", np.dtype(np.float64)) in _kernels._cache
+    known = node.allreduce(int(known), op=MPI.MIN)
+    if known:
+        m["g64_in"] = _kernel_rate(node, np.float64, KERNEL_IN)
+        m["g64_out"] = _kernel_rate(node, np.float64, KERNEL_OUT)
+    else:
+        m["g64_in"], m["g64_out"] = m["g32_in"], m["g32_out"]
+    src, dst = np.ones(KERNEL_OUT, np.uint8), np.empty(KERNEL_OUT, np.uint8)
+    node.Barrier()
+    m["copy"] = _local_time(lambda: np.copyto(dst, src), _REPS) / KERNEL_OUT
+    m["barrier"] = _comm_time(node, node.Barrier, 8)
+    words = np.zeros(8, np.int64)
+    m["agree"] = _comm_time(comm, lambda: comm.Allreduce(MPI.IN_PLACE, words, op=MPI.MAX), 8)
+    if leaders != MPI.COMM_NULL and leaders.Get_size() > 1:
+        m["inter_small"] = _ring_time(leaders, SMALL, _SMALL_STEPS, _REPS)
+        m["inter_large"] = _ring_time(leaders, LARGE, 1, _REPS)
+    return m
+
+
+def _fit(m, nranks, layout):
+    """A calibration entry (see :mod:`pycollective.model.params`) from agreed measurements."""
+    alpha = min(m["t_small"], m["t_mid"])  # a 64 KiB exchange timed faster: load, not α
+    beta_mid = max((m["t_mid"] - alpha) / MID, 1e-13)
+    beta = max((m["t_large"] - alpha) / LARGE, 1e-13)
+    g32_in, g32_out = m["g32_in"], m["g32_out"]
+    entry = {
+        "nranks": nranks, "alpha": alpha, "beta": beta, "gamma": g32_out,
+        "overhead": m["agree"],
+        "beta_curve": [[float(MID), beta_mid], [float(LARGE), beta]],
+        "gamma_curves": {
+            "float32": [[float(KERNEL_IN), g32_in], [float(KERNEL_OUT), g32_out]],
+            "float64": [[float(KERNEL_IN), m["g64_in"]], [float(KERNEL_OUT), m["g64_out"]]],
+            ANY_DTYPE: [[float(KERNEL_IN), g32_in], [float(KERNEL_OUT), g32_out]],
+        },
+        "gamma_by_dtype": {
+            "float32": g32_out, "float64": m["g64_out"],
+            # compute bound: their built-in ratio to float32's rate, on this machine's rate
+            "float16": g32_out * BUILTIN["gamma_float16"] / DEFAULTS["gamma"],
+            "bfloat16": g32_out * BUILTIN["gamma_bfloat16"] / DEFAULTS["gamma"],
+        },
+        "nodes": len(layout.nodes),
+        "measured": {k: m[k] for k in _FIELDS},
+    }
+    if layout.spans_nodes and m["inter_small"] > 0:
+        entry["inter"] = {"alpha": m["inter_small"],
+                          "beta": max((m["inter_large"] - m["inter_small"]) / LARGE, 1e-13)}
+    if "shm" in _registry.names() and not layout.spans_nodes:
+        entry["corrections"] = {"shm": _shm_ratio(m, nranks, entry)}
+    return entry
+
+
+def _shm_ratio(m, nranks, entry):
+    """shm's price on this machine (syncs at ``Barrier`` cost, data at copy speed, the
+    agreement folded into its first sync) over its α-β-γ cost with the message α and β."""
+    cost = _registry.get("shm").cost
+    curve = []
+    for nbytes in (4 << 10, 64 << 10, 1 << 20, 8 << 20, 64 << 20):
+        count = nbytes // 4
+        beta = entry["beta_curve"][0][1] if nbytes <= MID else entry["beta"]
+        gamma = m["g32_in"] if nbytes <= KERNEL_IN else m["g32_out"]
+        plain = cost(nranks, count, 4, entry["alpha"], beta, gamma)
+        here = cost(nranks, count, 4, m["barrier"], m["copy"], gamma)
+        # the call's prediction is overhead + ratio * plain: shm pays no separate agreement
+        curve.append([float(nbytes), max(here - entry["overhead"], 0.0) / plain])
+    return curve
+
+
+def measure(comm, layout):
+    """Measure this machine's parameters on ``comm`` (collective); an entry for ``by_nranks``.
+
+    Returns ``(entry, seconds)``: the agreed entry and how long the measurement took
+    (the slowest rank's).
+    """
+    get_kernel("sum", np.float32)  # loaded by any float32 call: not the probe's cost
+    start = time.perf_counter()
+    node, _ = node_comm(comm)
+    leaders = comm.Split(0 if node.Get_rank() == 0 else MPI.UNDEFINED, comm.Get_rank())
+    try:
+        m = _local_measurements(comm, node, leaders)
+    finally:
+        node.Free()
+        if leaders != MPI.COMM_NULL:
+            leaders.Free()
+    values = np.array([m[k] for k in _FIELDS] + [time.perf_counter() - start], np.float64)
+    comm.Allreduce(MPI.IN_PLACE, values, op=MPI.MAX)
+    agreed = dict(zip(_FIELDS, values[:-1].tolist()))
+    entry = _fit(agreed, comm.Get_size(), layout)
+    entry["probe_seconds"] = float(values[-1])
+    return entry, float(values[-1])
+
+
+# --- when -------------------------------------------------------------------------------------
+
+def _lookup(layout):
+    """On rank 0: ("off" | "saved" | "measure", params or path)."""
+    if not _env.MEASURE.get():
+        return "off", None
+    facts = machine_facts(layout)
+    path = cache_file(facts)
+    if os.path.exists(path):
+        try:
+            params = load_params(path)
+            if params.get("by_nranks"):
+                return "saved", params
+        except ValueError as exc:
+            warnings.warn(f"pycollective: measuring again: {exc}")
+    return "measure", path
+
+
+def machine_params(ctx, layout, loaded):
+    """The parameters auto uses: ``loaded`` (rank 0's calibration) if it is a calibration
+    file, else this machine's saved measurement, else a new one (collective; the same on
+    every rank).  ``loaded`` again when the measurement is off."""
+    if not loaded.get("builtin") or ctx.size == 1:
+        return loaded
+    comm = ctx.comm
+    what, found = bcast_from_root(comm, lambda: _lookup(layout),
+                                  what="algorithm='auto': looking for this machine's parameters")
+    if what == "off":
+        return loaded
+    if what == "saved":
+        found["measured_here"] = True
+        return found
+    entry, _ = measure(comm, layout)
+    data = {"version": 1, "by_nranks": {str(ctx.size): entry}, "machine": machine_facts(layout),
+            **{k: entry[k] for k in ("alpha", "beta", "gamma", "overhead", "gamma_by_dtype")}}
+    if ctx.rank == 0:
+        try:
+            write_json(data, found)
+        except OSError as exc:
+            warnings.warn(f"pycollective: cannot keep this machine's parameters in {found}: {exc}")
+    params = load_params_from(data)
+    params["source"] = f"measured on first use ({found})"
+    params["measured_here"] = True
+    return params
+
+
+#: With parameters measured on this machine, auto times only the algorithms the model
+#: puts within this factor of its best (and the layout-aware ones it always times
+#: within it): the model's error target is 25 %, and each trial call goes the full
+#: path, many times a decided call's time (docs/results/auto-score.md).
+TRUST = 1.5
+
+
+def trusted(ranking, params):
+    """``ranking`` cut to what auto should time: all of it unless ``params`` were measured
+    here, else the algorithms predicted within :data:`TRUST` of the best."""
+    if not params.get("measured_here") or not ranking:
+        return ranking
+    best = ranking[0][1]
+    return [(name, t) for name, t in ranking if t <= TRUST * best]
+
+
+def load_params_from(data):
+    """The checked parameters of calibration ``data`` (as :func:`load_params` reads a file)."""
+    from ..model.params import _clean
+    return _clean(data, "measured")
