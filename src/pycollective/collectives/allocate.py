@@ -1,6 +1,6 @@
 """Public: :func:`shared_empty` and :func:`release`, node memory that ``shm`` reads in place.
 
-The allocations themselves live in :mod`~pycollective.node.arrays`; this module is the
+The allocations themselves live in :mod:`~pycollective.node.arrays`; this module is the
 public, collective side: the communicator's lock (bounded, like a
 collective's), every rank's arrival (bounded), then the allocation.
 """

@@ -5,7 +5,7 @@ some ranks waiting for messages that will not come:
 
 1. Local checks (buffers, dtype, op, algorithm) and kernel selection, before
    any message.  Kernel compilation happens here, outside anything timed.
-2. Agreement (on by default, see :func`~pycollective.collectives.options.set_check` and :mod`~pycollective.collectives.agree`): one
+2. Agreement (on by default, see :func:`~pycollective.collectives.options.set_check` and :mod:`~pycollective.collectives.agree`): one
    small MAX reduction carries each rank's error flag and its (count, dtype,
    op, algorithm).  If any rank failed its local checks, or the ranks
    disagree, every rank raises the same error.  With agreement off, errors
@@ -14,7 +14,7 @@ some ranks waiting for messages that will not come:
    rank-local mistake can leave the others waiting.
 3. Trivial cases (count 0, one rank) return without messages, identically
    on every rank.
-4. The algorithm is resolved: ``auto`` asks :mod`~pycollective.collectives.auto` (:mod`~pycollective.collectives.choose`
+4. The algorithm is resolved: ``auto`` asks :mod:`~pycollective.collectives.auto` (:mod:`~pycollective.collectives.choose`
    for the collectives other than allreduce; collective on a communicator's
    first automatic call, which is safe now that every rank agreed it is an
    automatic call); a named algorithm that cannot run on this communicator
@@ -44,7 +44,8 @@ from .. import compression as _compression
 from .. import algorithms as _algorithms  # noqa: F401  (importing it registers every algorithm)
 from .agree import Facts
 from .call import (AUTO, DEFAULT, FAMILY, Checked, call_collective, comm_shape, leave, prepare,
-                   resolve_comm, run_algorithm, run_remembered, settings_facts)
+                   resolve_comm, run_algorithm, settings_facts)
+from .plans import run as run_remembered
 from ..runtime.context import Context
 from ..data.kernels import SUPPORTED_DTYPES, get_kernel
 from ..data.ops import MPI_OPS, OPS, resolve_op

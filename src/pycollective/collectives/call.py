@@ -1,6 +1,6 @@
 """The path every public collective call takes: settings, agreement, bounded waits, failures.
 
-:mod`~pycollective.collectives.api` checks a call's own arguments (``local()``); what
+:mod:`~pycollective.collectives.api` checks a call's own arguments (``local()``); what
 follows is the same for every collective and lives here:
 
 * :func:`prepare`: the local checks, then, on several ranks, the call's start
@@ -12,8 +12,9 @@ follows is the same for every collective and lives here:
 * :func:`leave`: the end of the call (in a ``finally``).
 * :func:`call_collective`: those three for the collectives other than
   allreduce, whose checked arguments are a :class:`Checked`, with ``auto``
-  resolved by :mod`~pycollective.collectives.choose`; :func:`run_remembered`: allreduce's repeated
-  shape (:mod`~pycollective.collectives.plans`).
+  resolved by :mod:`~pycollective.collectives.choose`.  Allreduce's repeated
+  shapes run from their plans (:mod:`~pycollective.collectives.plans`), on
+  :func:`enter`, :func:`run_algorithm` and :func:`leave` too.
 """
 
 from typing import Callable, NamedTuple, Optional
@@ -23,7 +24,7 @@ from mpi4py import MPI
 
 from . import choose as _choose
 from ..runtime import registry as _registry, settings as _settings, watch as _watch
-from .agree import Facts, agree, needs_agreement, verdict
+from .agree import Facts, agree, needs_agreement
 from ..runtime.context import Context, comm_settings, get_context
 from .._errors import CollectiveTimeout, ConfigurationError
 from .. import timeline as _timeline
@@ -203,74 +204,3 @@ def call_collective(what, comm, local, timeout, one_rank):
 def comm_shape(comm):
     resolved = resolve_comm(comm)
     return resolved.Get_size(), resolved.Get_rank()
-
-
-def run_remembered(ctx, plan, src, dst) -> None:
-    """An allreduce of a shape :mod`~pycollective.collectives.plans` remembers (what its ``lookup`` returned):
-    its plan, its agreement, its run.
-
-    Where the plan has a fast way (``plan.fast``, see :mod`~pycollective.collectives.plans`) and
-    the communicator is free, the call is numbered and run without a call
-    record; the record is made only if the fast way hands the call back
-    unfinished (a slow rank, a disagreement, an exception), and what follows
-    is the same as on the way below.  For "shm" below 1 MiB that is a quarter
-    of a small call's time (about 3 us of Python at N = 2; a contended lock,
-    a broken communicator and plans without a fast way go the way below).
-    """
-    timeline = _timeline.ACTIVE
-    if timeline is not None:  # timeline hook: what the call runs
-        timeline.about(algorithm=plan.algo.name, number=ctx.calls + 1, comm=ctx,
-                       count=plan.fingerprint[1], dtype=src.dtype, repeated=True)
-    fast = plan.fast
-    if fast is not None and ctx.broken is None and ctx.lock.acquire(False):
-        try:
-            ctx.calls += 1
-            number = ctx.calls
-            values = plan.template
-            values[0], values[1] = number, -number  # the plan's own: calls hold the lock
-            if timeline is not None:  # timeline hook: the compiled step (ended below)
-                timeline.open("compiled step", "step")
-            try:
-                rest = fast(number, plan, src, dst)
-            except BaseException as exc:  # broken off midway: the communicator breaks
-                rest = _reraise(exc)
-            if timeline is not None:
-                timeline.close()
-            if rest is not None:
-                _run_rest(ctx, plan, number, rest, src, dst)
-        finally:
-            ctx.lock.release()
-        return
-    call = enter(ctx, "allreduce", plan.fingerprint, plan.settings, plan.words, plan.tag_offset)
-    try:
-        _run_recorded(ctx, plan, call, plan.run, src, dst)
-    finally:
-        leave(call)
-
-
-def _run_rest(ctx, plan, number, rest, src, dst):
-    """The rest of a call the fast way handed back: ``rest(ctx, call, values, src, dst)``
-    with the call's record, as :func:`run_remembered`'s other way runs ``plan.run``."""
-    call = _watch.begin(ctx, "allreduce", plan.fingerprint, plan.settings, plan.tag_offset,
-                        plan.words, number=number)
-    try:
-        _run_recorded(ctx, plan, call, rest, src, dst)
-    finally:
-        _watch.end(call)
-
-
-def _run_recorded(ctx, plan, call, run, src, dst):
-    """``run(ctx, call, values, src, dst)`` with ``call``'s own copy of the agreement vector
-    (a disagreement overwrites it with the MAX); the verdict if the ranks disagree."""
-    values = None
-    if plan.agreement:
-        values = plan.template.copy()
-        values[0], values[1] = call.number, -call.number
-    if not run_algorithm(call, run, ctx, call, values, src, dst):
-        verdict(ctx, "allreduce", None, plan.facts, values)
-
-
-def _reraise(exc):
-    def rest(*_):
-        raise exc
-    return rest

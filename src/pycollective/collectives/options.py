@@ -2,10 +2,10 @@
 
 The process's and a communicator's settings that every rank must share
 (:func:`set_check`, :func:`set_timeout`; their values live in
-:mod`~pycollective.runtime.settings`), and which algorithms each collective has and which of
+:mod:`~pycollective.runtime.settings`), and which algorithms each collective has and which of
 them can run on a communicator (:func:`algorithms`,
 :func:`usable_algorithms`, :func:`unusable_algorithms`).  The collectives
-themselves are :mod`~pycollective.collectives.api`.
+themselves are :mod:`~pycollective.collectives.api`.
 """
 
 from typing import List

@@ -13,7 +13,10 @@ same vector, one small reduction); when the reduced vector is not what
 agreeing ranks produce, the full verdict raises the same error as the full
 path would.  Where the algorithm's prepared call has a fast way (``Plan.fast``,
 "shm" below 1 MiB), the call is numbered and run without a call record until
-it needs one (``collectives.call.run_remembered``).
+it needs one.  This module is the plan cache: :func:`lookup` finds a call's
+plan, :func:`remember` keeps one, :func:`run` runs a call from it (and is
+the only place that writes a plan's arrays: each call's number into the
+agreement template the fast way reads by address).
 """
 
 import functools
@@ -23,16 +26,28 @@ import numpy as np
 from mpi4py import MPI
 
 from . import auto as _auto
-from ..runtime import settings as _settings
-from .agree import Facts, fact_values, made_board, needs_agreement, run_checked
+from ..runtime import settings as _settings, watch as _watch
+from .agree import Facts, fact_values, made_board, needs_agreement, run_checked, verdict
+from .call import enter, leave, run_algorithm
 from ..runtime.context import Context, Key, find_context
 from ..runtime.registry import Algorithm
 from ..runtime import threads as _threads
+from .. import timeline as _timeline
 
-__all__ = ["Plan", "lookup", "remember"]
+__all__ = ["Plan", "PlanCache", "lookup", "remember", "run"]
 
 _MEMO = Key("fastpath")
 _LIMIT = 1024
+
+
+class PlanCache(dict):
+    """One communicator's plans: (algorithm, op, dtype, count, timeout) -> :class:`Plan`.
+
+    A dict (its lookup is the dict's own, in C); :func:`remember` starts a
+    new one when it holds ``_LIMIT`` shapes (a sweep over sizes).
+    """
+
+    __slots__ = ()
 
 
 class Plan(NamedTuple):
@@ -120,7 +135,7 @@ def remember(ctx: Context, algorithm: str, op, timeout, algo: Algorithm, kernel:
         return
     memo = ctx.peek(_MEMO)
     if memo is None or len(memo) >= _LIMIT:
-        memo = ctx.put(_MEMO, {})
+        memo = ctx.put(_MEMO, PlanCache())
     template = fact_values(ctx.rank, None, facts, 0)  # words 0-1: each call writes its number
     auto = ctx.peek(_auto.KEY) if algorithm == "auto" else None
     agreement = needs_agreement(call.settings, algo)
@@ -144,3 +159,74 @@ def _prepared(ctx, algo, kernel, dst, agreement):
 
 def _checked(algo, kernel, ctx, call, values, src, dst):
     return run_checked(ctx, algo, values, src, dst, kernel)
+
+
+def run(ctx, plan, src, dst) -> None:
+    """An allreduce of a remembered shape (what :func:`lookup` returned): its plan, its
+    agreement, its run.
+
+    Where the plan has a fast way (``plan.fast``) and
+    the communicator is free, the call is numbered and run without a call
+    record; the record is made only if the fast way hands the call back
+    unfinished (a slow rank, a disagreement, an exception), and what follows
+    is the same as on the way below.  For "shm" below 1 MiB that is a quarter
+    of a small call's time (about 3 us of Python at N = 2; a contended lock,
+    a broken communicator and plans without a fast way go the way below).
+    """
+    timeline = _timeline.ACTIVE
+    if timeline is not None:  # timeline hook: what the call runs
+        timeline.about(algorithm=plan.algo.name, number=ctx.calls + 1, comm=ctx,
+                       count=plan.fingerprint[_watch.FP_COUNT], dtype=src.dtype, repeated=True)
+    fast = plan.fast
+    if fast is not None and ctx.broken is None and ctx.lock.acquire(False):
+        try:
+            ctx.calls += 1
+            number = ctx.calls
+            values = plan.template
+            values[0], values[1] = number, -number  # the plan's own: calls hold the lock
+            if timeline is not None:  # timeline hook: the compiled step (ended below)
+                timeline.open("compiled step", "step")
+            try:
+                rest = fast(number, plan, src, dst)
+            except BaseException as exc:  # broken off midway: the communicator breaks
+                rest = _reraise(exc)
+            if timeline is not None:
+                timeline.close()
+            if rest is not None:
+                _run_rest(ctx, plan, number, rest, src, dst)
+        finally:
+            ctx.lock.release()
+        return
+    call = enter(ctx, "allreduce", plan.fingerprint, plan.settings, plan.words, plan.tag_offset)
+    try:
+        _run_recorded(ctx, plan, call, plan.run, src, dst)
+    finally:
+        leave(call)
+
+
+def _run_rest(ctx, plan, number, rest, src, dst):
+    """The rest of a call the fast way handed back: ``rest(ctx, call, values, src, dst)``
+    with the call's record, as :func:`run`'s other way runs ``plan.run``."""
+    call = _watch.begin(ctx, "allreduce", plan.fingerprint, plan.settings, plan.tag_offset,
+                        plan.words, number=number)
+    try:
+        _run_recorded(ctx, plan, call, rest, src, dst)
+    finally:
+        _watch.end(call)
+
+
+def _run_recorded(ctx, plan, call, run, src, dst):
+    """``run(ctx, call, values, src, dst)`` with ``call``'s own copy of the agreement vector
+    (a disagreement overwrites it with the MAX); the verdict if the ranks disagree."""
+    values = None
+    if plan.agreement:
+        values = plan.template.copy()
+        values[0], values[1] = call.number, -call.number
+    if not run_algorithm(call, run, ctx, call, values, src, dst):
+        verdict(ctx, "allreduce", None, plan.facts, values)
+
+
+def _reraise(exc):
+    def rest(*_):
+        raise exc
+    return rest

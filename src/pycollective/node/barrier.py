@@ -1,7 +1,7 @@
 """A barrier through counters in shared memory (:class:`FlagBarrier`), and how ranks wait on it.
 
-The counters live in a node's control segment (see :mod`~pycollective.node.group`); raising
-one and waiting for the others is :mod`~pycollective.node.atomics`' work, from Python and
+The counters live in a node's control segment (see :mod:`~pycollective.node.group`); raising
+one and waiting for the others is :mod:`~pycollective.node.atomics`' work, from Python and
 from compiled steps.  :func:`wait_modes` decides, once per node, whether
 waiting ranks spin or sleep.
 """

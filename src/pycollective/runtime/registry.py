@@ -61,7 +61,7 @@ class Algorithm:
     must not be collective to prepare, and must fall back to ``agreed``
     whenever what it resolved no longer holds.  ``run`` may also have a fast
     way, ``run.fast(number, plan, src, dst)``: the call numbered ``number``
-    without its record (``collectives.call.run_remembered``), the plan's ``template``
+    without its record (``collectives.plans.run``), the plan's ``template``
     its agreement vector; it returns None once the call is done, else the
     rest of the call as a ``run``, which the caller runs with the record.
     ``layout_aware``: its speed depends on how the ranks share nodes, cores

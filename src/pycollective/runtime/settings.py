@@ -1,6 +1,6 @@
 """Run-time settings that every rank must share: one home for their values and overrides.
 
-Each setting has an environment variable (:mod`~pycollective.runtime.env`, read at use) and a
+Each setting has an environment variable (:mod:`~pycollective.runtime.env`, read at use) and a
 function that overrides it for the process (``set_check``, ``set_timeout``,
 ``set_segment_bytes``); the timeout can also be set per communicator and per
 call.  :func:`resolve` turns them into the :class:`Settings` one call runs

@@ -94,7 +94,7 @@ def begin(ctx, what, fingerprint, settings, tag_offset=0, words=None, number=Non
     The caller holds ``ctx.lock``, so numbers follow the order of calls on
     the communicator, which MPI requires to be the same on every rank.
     ``number``: the call was numbered already (``ctx.calls``, by a caller that
-    needs its record only now: the repeated call's fast way, ``collectives/call.py``).
+    needs its record only now: the repeated call's fast way, ``collectives/plans.py``).
     """
     if number is None:
         ctx.calls += 1
@@ -132,6 +132,10 @@ COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "bcast", "reduce", "a
                "reduce_scatterv")
 FIELDS = ("collective", "count", "dtype", "op", "algorithm", "check", "segment_bytes",
           "timeout_ms", "thread")  # thread: the calling thread's name, hashed (_threads)
+
+
+# Where each field sits in a fingerprint (the order :func:`fingerprint` builds).
+FP_WHAT, FP_COUNT, FP_DTYPE, FP_OP, FP_ALGORITHM = 0, 1, 2, 3, 4
 
 
 def fingerprint(what, count, dtype_code, op_code, algo_code, settings) -> tuple:

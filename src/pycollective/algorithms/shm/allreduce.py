@@ -54,7 +54,7 @@ of KB): same targets, headers and left fold, so a call may mix it with the
 Python steps; a wait that runs long is handed back to Python (the deadline,
 the side channel) and the compiled call resumes after it.
 
-Shared allocations (``pycollective.shared_empty``, :mod`~pycollective.node.arrays`): in the
+Shared allocations (``pycollective.shared_empty``, :mod:`~pycollective.node.arrays`): in the
 calls above 1 MiB, which end with a sync, each rank also publishes where its
 ``src`` and ``dst`` lie in the node's shared allocations.  Peer by peer, a
 shared ``src`` is read as a view (no copy-in into the slot, no
@@ -139,7 +139,7 @@ def shm_allreduce_on(node, src, dst, kernel, shared=None, stores=None):
     the one after the copy-in) compares every rank's header, so no rank
     reads the others' slots unless all agree on count, dtype, op and call.
     ``shared``: the context's :class:`~pycollective.node.arrays.Registry`, if any.
-    ``stores``: a :class`~pycollective.algorithms.shm.steps.Stores` for this size, which says
+    ``stores``: a :class:`~pycollective.algorithms.shm.steps.Stores` for this size, which says
     whether a call above ``DOUBLE_LIMIT`` writes the slot with plain or
     non-temporal stores (see ``_ShmState.stores_for``); plain stores if None.
     """
@@ -260,7 +260,7 @@ class _ShmState:
                 cross.free()
 
     def stores_for(self, nbytes):
-        """The slot path's :class`~pycollective.algorithms.shm.steps.Stores` for calls of ``nbytes`` above
+        """The slot path's :class:`~pycollective.algorithms.shm.steps.Stores` for calls of ``nbytes`` above
         ``DOUBLE_LIMIT`` (None below: those run :mod:`._mid` or need no choice).
 
         There the slots no longer fit a core's 2 MiB L2 beside the input and
@@ -331,9 +331,9 @@ def shm_allreduce(ctx, src, dst, kernel):
 def shm_agreed(ctx, src, dst, kernel, values, board):
     """shm with the agreement in the same compiled step (the registry's ``agreed``).
 
-    Small messages take :func`~pycollective.algorithms.shm.steps.small_agreed`: the agreement row
+    Small messages take :func:`~pycollective.algorithms.shm.steps.small_agreed`: the agreement row
     and the data posted together, one synchronisation; the sliced sizes up
-    to 1 MiB :func`~pycollective.algorithms.shm.steps.mid_agreed`, the row posted with the
+    to 1 MiB :func:`~pycollective.algorithms.shm.steps.mid_agreed`, the row posted with the
     copy-in; larger ones (or slots not grown yet) run the agreement through
     the board, then the algorithm.  Either way the first sync is the
     agreement's, with the same target, board and header as the Python path's.

@@ -110,7 +110,7 @@ def cross_reduce(cross, src, out, lo, hi, kernel, block_bytes=None, direct=None)
         kernel: the reduction; operands are folded in rank order 0..N-1.
         block_bytes: bytes per operand and block (default ``CROSS_BLOCK_BYTES``).
         direct: per node rank, that rank's ``src`` as a view here where it is a
-            shared allocation (:mod`~pycollective.node.arrays`), read in place; else None.
+            shared allocation (:mod:`~pycollective.node.arrays`), read in place; else None.
     """
     n, r = cross.size, cross.rank
     if hi <= lo:

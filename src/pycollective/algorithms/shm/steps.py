@@ -11,7 +11,7 @@ disagree, a rank that went the longer way, headers that differ).
 
 :class:`RepeatedSmall` and :class:`RepeatedMid` are the same calls prepared
 for one dtype and size (the registry's ``repeated``), with the fast way of
-``collectives.call.run_remembered`` (``fast``: the call numbered, its compiled step,
+``collectives.plans.run`` (``fast``: the call numbered, its compiled step,
 no call record unless the step hands the call back).  The fast way passes
 the arrays that stay the same call after call (flags, boards, header sets,
 slots, agreement template, fingerprint) by address, in control words built
@@ -28,6 +28,7 @@ import numpy as np
 from ...data.partition import chunk_bounds
 from ...node.group import DOUBLE_LIMIT, FP_WORDS
 from ...node.views import address
+from ...runtime.watch import FP_OP
 from . import mid as _mid, small as _small
 
 __all__ = ["REPLICATE_BYTES", "COMPILED", "compiled", "small_data", "small_agreed",
@@ -64,7 +65,7 @@ def small_data(node, call, src, dst):
     if half:
         src, dst = src.view(np.uint16), dst.view(np.uint16)
     rows = node.rows(offset, dst.size, dst.dtype)
-    op = call.fingerprint[3]
+    op = call.fingerprint[FP_OP]
     step = _small.data_step_half if half else _small.data_step
     verdict = step(group.barrier.words, group.rank, group.size, target, rows, src,
                    publish if publish is not None else checking, publish is not None,
@@ -103,7 +104,7 @@ def _small_agreed_step(node, call, src, dst, values, board, step, target, rows, 
     data_src, data_dst = (src.view(np.uint16), dst.view(np.uint16)) if half else (src, dst)
     verdict = step(group.barrier.words, group.rank, group.size, target, rows_board, values, rows,
                    data_src, headers, call.number, call.fingerprint_words, data_dst,
-                   call.fingerprint[3])
+                   call.fingerprint[FP_OP])
     return _small_after(node, call, src, dst, values, board, step, target, rows, headers,
                         rows_board, verdict)
 
@@ -118,7 +119,7 @@ def _small_after(node, call, src, dst, values, board, step, target, rows, header
         return True
     half = step is _small.agreed_step_half
     data_dst = dst.view(np.uint16) if half else dst
-    op = call.fingerprint[3]
+    op = call.fingerprint[FP_OP]
     if verdict == _small.LATE:
         group.barrier.wait(target)  # a slow rank: wait on with the deadline
         verdict = _small.rows_verdict(rows_board, values, group.size)
@@ -182,7 +183,7 @@ def _mid_args(node, call, offset, src, dst, publish, checking):
     half = dst.dtype == _F16
     slots = _mid_slots(node, np.dtype(np.uint16) if half else dst.dtype, offset)
     return _mid_call_args(slots, _slice_bounds(dst.size, node.size), half, call.number,
-                          call.fingerprint_words, call.fingerprint[3], src, dst, publish,
+                          call.fingerprint_words, call.fingerprint[FP_OP], src, dst, publish,
                           checking)
 
 
@@ -396,7 +397,7 @@ class RepeatedSmall(_Repeated):
 
     def fast(self, number, plan, src, dst):
         """The call numbered ``number`` as one compiled step and its bookkeeping; None once
-        done, else the rest (see ``collectives.call.run_remembered``)."""
+        done, else the rest (see ``collectives.plans.run``)."""
         node = self.node
         if node is None or node.segment is not self.segment:
             return self  # nothing done yet: the whole call, with its record
@@ -423,7 +424,7 @@ class RepeatedSmall(_Repeated):
             raise AssertionError("slot rows must lie whole elements apart")
         ctl[_small.ROWS:_small.ROWS + 2] = address(rows[0]), address(rows[1])
         ctl[_small.ROW_STRIDE], ctl[_small.COUNT] = stride // itemsize, self.count
-        ctl[_small.OP] = plan.fingerprint[3]
+        ctl[_small.OP] = plan.fingerprint[FP_OP]
         return ctl
 
     def _rest(self, target, rows, headers, board, verdict, ctx, call, values, src, dst):
@@ -534,7 +535,7 @@ class RepeatedMid(_Repeated):
         first, headers = _folded_step(group, call)
         second, _, _ = group.compiled_step(call, check=True)
         args = _mid_call_args(self.views[node.parity], self.bounds, self.half, call.number,
-                              call.fingerprint_words, call.fingerprint[3], src, dst, headers,
+                              call.fingerprint_words, call.fingerprint[FP_OP], src, dst, headers,
                               headers)
         return _mid_agreed_step(node, call, self.nbytes, values, self.board, first, second,
                                 args, headers)
@@ -560,7 +561,7 @@ class RepeatedMid(_Repeated):
             return None
         headers = group.headers[side]
         args = _mid_call_args(self.views[parity], self.bounds, self.half, number, plan.words,
-                              plan.fingerprint[3], src, dst, headers, headers)
+                              plan.fingerprint[FP_OP], src, dst, headers, headers)
         return functools.partial(self._rest, first, args, headers, group.boards[board_side],
                                  verdict, phase)
 
@@ -571,7 +572,7 @@ class RepeatedMid(_Repeated):
         ctl[_mid.FLAT], ctl[_mid.FLAT_LEN], ctl[_mid.STRIDE] = address(flat), flat.size, stride
         ctl[_mid.BASE:_mid.BASE + 2] = base0, base1
         ctl[_mid.BOUNDS] = address(self.bounds)
-        ctl[_small.OP] = plan.fingerprint[3] + (_mid.HALF if self.half else 0)
+        ctl[_small.OP] = plan.fingerprint[FP_OP] + (_mid.HALF if self.half else 0)
         return ctl
 
     def _rest(self, first, args, headers, rows, verdict, phase, ctx, call, values, src, dst):
