@@ -68,3 +68,37 @@ def test_run_multihost_runs_the_sweep_once_per_link(tmp_path):
     assert [c[0] for c in calls] == ["--rate 1gbit", "--delay 25us"]
     assert calls[0][1].endswith("-hosts-rate-1gbit") and calls[1][1].endswith("-hosts-delay-25us")
     assert all(c[2] == "2x2 2x4" and c[3] == "1e7" for c in calls)
+
+
+def test_gpu_check_dry_run_passes_on_the_fake_device(tmp_path):
+    """benchmarks/gpu/run.sh with --fake: the GPU check's driver, workers and summary on
+    CPUs (host memory standing for CUDA memory), every result checked."""
+    out = tmp_path / "gpu"
+    proc = subprocess.run(["bash", str(BENCH / "gpu" / "run.sh"), str(out), "--fake"], cwd=ROOT,
+                          env=_env(), capture_output=True, text=True, timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-5000:]
+    summary = (out / "summary.md").read_text()
+    assert "wrong results: 0, crashes: 0" in summary, summary
+
+
+def test_rsag_comparison_runs_both_steps(tmp_path):
+    """benchmarks/shm/rsag.py: the new step against the older ones in one launch, checked."""
+    proc = subprocess.run([str(ROOT / "scripts" / "run_mpi.sh"), "2",
+                           str(BENCH / "shm" / "rsag.py"), "--count", "1e3", "--rounds", "1",
+                           "--calls", "5"], cwd=ROOT, env=_env(), capture_output=True, text=True,
+                          timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-5000:]
+    assert "1e3" in output or "1000" in output, output[-3000:]
+
+
+def test_auto_score_writes_its_summary(tmp_path):
+    """benchmarks/auto/score.sh at 2 ranks with a tiny budget: one launch and the summary."""
+    out = tmp_path / "score"
+    proc = subprocess.run(["bash", str(BENCH / "auto" / "score.sh"), str(out), "2", "2"],
+                          cwd=ROOT, env=_env(XDG_CACHE_HOME=str(tmp_path / "cache")),
+                          capture_output=True, text=True, timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-5000:] + (out / "score_N2.txt").read_text()[-3000:]
+    assert (out / "summary.md").is_file() and (out / "score_N2.json").is_file(), output[-3000:]
