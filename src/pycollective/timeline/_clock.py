@@ -24,7 +24,9 @@ TAG = 0x7E1  # on the recorder's own duplicate of COMM_WORLD: no user message ca
 _now = time.perf_counter_ns
 
 
-def _wait(requests, deadline):
+def wait(requests, deadline, poll=1e-5):
+    """Whether ``requests`` completed before ``deadline`` (time.monotonic); if not, they are
+    cancelled: a rank that does not answer never holds the others past their deadline."""
     while not MPI.Request.Testall(requests):
         if time.monotonic() > deadline:
             for request in requests:
@@ -33,7 +35,7 @@ def _wait(requests, deadline):
                 except MPI.Exception:
                     pass
             return False
-        time.sleep(1e-5)
+        time.sleep(poll)
     return True
 
 
@@ -52,7 +54,7 @@ def measure(comm, limit_s=10.0):
             send = comm.Isend(out, 0, TAG)
             reply = np.zeros(1, np.int64)
             recv = comm.Irecv(reply, 0, TAG)
-            if not _wait([send, recv], deadline):
+            if not wait([send, recv], deadline):
                 return None
             t1 = _now()
             if best is None or t1 - t0 < best[1] - best[0]:
@@ -62,9 +64,9 @@ def measure(comm, limit_s=10.0):
     ping = np.zeros(1, np.int64)
     for q in range(1, size):
         for _ in range(ROUNDS):
-            if not _wait([comm.Irecv(ping, q, TAG)], deadline):
+            if not wait([comm.Irecv(ping, q, TAG)], deadline):
                 break  # that rank's offset stays unknown (None, on its side)
             out[0] = _now()
-            if not _wait([comm.Isend(out, q, TAG)], deadline):
+            if not wait([comm.Isend(out, q, TAG)], deadline):
                 break
     return 0, 0

@@ -52,6 +52,7 @@ from numba.extending import intrinsic
 from ...node.atomics import STRIDE, _fence, _load, _sched_yield, raise_own, wait_own
 from ...data.kernels import _max, _max_f16, _min, _min_f16, _prod, _prod_f16, _sum, _sum_f16
 from ...node.views import view
+from .mid import _fold_native as _fold  # the same left fold as the older steps'
 
 __all__ = ["step", "step_half", "line_bounds", "call_word", "DONE", "WORDS_DIFFER", "LATE",
            "CONTROL_WORDS", "FOLDED", "LINE_BYTES", "BLOCK_BYTES", "SPINS"]
@@ -196,18 +197,6 @@ def _words_agree(ctl, flags):
         if flags[q * STRIDE + CALL_WORD] != mine:
             return False
     return True
-
-
-@_jit
-def _fold(op, a, b, out):
-    if op == 0:
-        _sum(a, b, out)
-    elif op == 1:
-        _prod(a, b, out)
-    elif op == 2:
-        _max(a, b, out)
-    else:
-        _min(a, b, out)
 
 
 @_jit
