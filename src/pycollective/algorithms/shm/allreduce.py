@@ -188,7 +188,11 @@ def _shared_on(node, shared, src, dst, kernel, slots, bounds):
     rank = node.rank
     own_src, own_dst = shared.publish(src, dst)
     if not own_src:
+        if _timeline.ACTIVE is not None:  # timeline hook: the step (ended after it)
+            _timeline.ACTIVE.open("copy-in", "copy")
         copy_in(src, slots[rank], rank, bounds)
+        if _timeline.ACTIVE is not None:
+            _timeline.ACTIVE.close()
     node.sync()  # every rank's row published (and the headers checked)
     srcs, dsts = shared.peer_buffers(dst.size, dst.dtype)
     lo, hi = bounds[rank], bounds[rank + 1]
@@ -199,10 +203,14 @@ def _shared_on(node, shared, src, dst, kernel, slots, bounds):
         reduce_range(node, src, slots[rank][lo:hi], lo, hi, kernel, operands,
                      copy_to=dst[lo:hi])
     node.sync()
+    if _timeline.ACTIVE is not None:  # timeline hook: the step (ended after it)
+        _timeline.ACTIVE.open("copy-out", "copy")
     for q, x in enumerate(dsts):
         qlo, qhi = bounds[q], bounds[q + 1]
         if q != rank and qhi > qlo:
             dst[qlo:qhi] = (slots[q] if x is None else x)[qlo:qhi]
+    if _timeline.ACTIVE is not None:
+        _timeline.ACTIVE.close()
     node.sync()  # nobody returns (and lets its buffers change) while others read them
 
 
