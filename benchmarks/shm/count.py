@@ -106,8 +106,13 @@ def _traffic(run, rank, size, count, itemsize):
         return None
     group = run.node.group
     board, headers, flags = group.boards[0], group.headers[0], group.barrier.words
-    row = lambda a, q: _lines(a.ctypes.data + q * a.strides[0], a.shape[1] * a.itemsize)  # noqa: E731
-    counter = lambda q: _lines(flags.ctypes.data + q * STRIDE * 8, 8)  # noqa: E731
+
+    def row(a, q):  # rank q's row of a (ranks, words) table
+        return _lines(a.ctypes.data + q * a.strides[0], a.shape[1] * a.itemsize)
+
+    def counter(q):
+        return _lines(flags.ctypes.data + q * STRIDE * 8, 8)
+
     peers = [q for q in range(size) if q != rank]
     if kind == "rsag":
         c = run.base
@@ -393,23 +398,27 @@ def _print(rows, args):
     n = rows[0]["n"]
     over = rows[0]["oversubscribed"]
     forced = {"on": ", rsag step forced", "off": ", older steps forced"}.get(args.rsag, "")
-    print(f"{n} ranks on {rows[0]['cpus']} CPUs ({'OVERSUBSCRIBED' if over else 'dedicated cores'}"
-          f"{forced}),"
+    kind = "OVERSUBSCRIBED" if over else "dedicated cores"
+    print(f"{n} ranks on {rows[0]['cpus']} CPUs ({kind}{forced}),"
           f" float32 sum, {args.rounds} rounds of {args.calls} calls; us per call: loop = back to"
           " back, median over rounds; call = one call, median; step, python: the call's split"
           " (medians, mean over ranks); loop, call: slowest rank; counts per call per rank")
-    print(f"{'count':>7} {'KB':>6} {'path':>5} {'syncs':>5} {'loop':>7} {'call':>7} {'step':>7} {'python':>6}"
-          f" {'rd B':>7} {'rd ln':>6} {'meta':>5} {'wr ln':>6} {'yield':>7} {'futex':>6}"
-          f" {'vm_rd':>5} {'other':>6} {'vcsw':>6} {'ivcsw':>6}")
+    print(f"{'count':>7} {'KB':>6} {'path':>5} {'syncs':>5} {'loop':>7} {'call':>7} {'step':>7}"
+          f" {'python':>6} {'rd B':>7} {'rd ln':>6} {'meta':>5} {'wr ln':>6} {'yield':>7}"
+          f" {'futex':>6} {'vm_rd':>5} {'other':>6} {'vcsw':>6} {'ivcsw':>6}")
     for x in rows:
         s = x.get("syscalls")
         known = ("sched_yield", "futex", "process_vm_readv")
         other = sum(v for k, v in (s or {}).items() if k not in known)
-        sc = (f"{s.get('sched_yield', 0):>7.1f} {s.get('futex', 0):>6.1f} "
-              f"{s.get('process_vm_readv', 0):>5.1f} {other:>6.1f}") if s is not None else f"{'-':>7} {'-':>6} {'-':>5} {'-':>6}"
+        if s is None:
+            sc = f"{'-':>7} {'-':>6} {'-':>5} {'-':>6}"
+        else:
+            sc = (f"{s.get('sched_yield', 0):>7.1f} {s.get('futex', 0):>6.1f} "
+                  f"{s.get('process_vm_readv', 0):>5.1f} {other:>6.1f}")
         cs = x["ctx_switches"]
         print(f"{x['count']:>7} {x['bytes'] / 1e3:>6.1f} {x['step']:>5} {x['syncs']:>5.1f}"
-              f" {x['wall_us']:>7.1f} {x['call_us']:>7.1f} {x['step_us']:>7.1f} {x['python_us']:>6.1f}"
+              f" {x['wall_us']:>7.1f} {x['call_us']:>7.1f} {x['step_us']:>7.1f}"
+              f" {x['python_us']:>6.1f}"
               f" {x['remote_read_bytes'] or 0:>7} {x['remote_read_lines'] or 0:>6}"
               f" {x['remote_meta_lines'] or 0:>5} {x['shared_write_lines'] or 0:>6} {sc}"
               f" {cs['voluntary']:>6.2f} {cs['involuntary']:>6.2f}", flush=True)
