@@ -102,3 +102,28 @@ def test_auto_score_writes_its_summary(tmp_path):
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-5000:] + (out / "score_N2.txt").read_text()[-3000:]
     assert (out / "summary.md").is_file() and (out / "score_N2.json").is_file(), output[-3000:]
+
+
+def test_counting_benchmark_writes_its_counts(tmp_path):
+    """benchmarks/shm/count.py: one size at 2 ranks, a few calls; the JSON has every field,
+    and at N = 2 every step reads exactly the other rank's whole vector."""
+    import json
+    out = tmp_path / "count.json"
+    proc = subprocess.run([str(ROOT / "scripts" / "run_mpi.sh"), "2",
+                           str(BENCH / "shm" / "count.py"), "--count", "1e3", "--rounds", "2",
+                           "--calls", "5", "--json", str(out)], cwd=ROOT, env=_env(),
+                          capture_output=True, text=True, timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-5000:]
+    report = json.loads(out.read_text())
+    assert report["ranks"] == 2 and len(report["rows"]) == 1, report
+    row = report["rows"][0]
+    assert set(report["fields"]) <= set(row), set(report["fields"]) - set(row)
+    assert row["count"] == 1000 and row["bytes"] == 4000
+    assert row["step"] in ("rsag", "small", "mid"), row["step"]
+    assert row["syncs"] in (1.0, 2.0) and row["checked"] >= 2 * 4, row
+    assert row["remote_read_bytes"] == 4000 and row["remote_read_lines"] >= 4000 // 64, row
+    assert row["remote_meta_lines"] >= 1 and row["shared_write_lines"] >= 4000 // 64, row
+    assert row["wall_us"] > 0 and row["step_us"] > 0 and row["call_us"] >= row["step_us"], row
+    assert set(row["ctx_switches"]) == {"voluntary", "involuntary"}
+    assert row["syscalls"] is None or all(v >= 0 for v in row["syscalls"].values()), row
