@@ -69,8 +69,11 @@ def mpi4py_tests(request, tmp_path_factory):
 
 def run_suites(nranks, testdir, per_algorithm):
     """Launch the runner; its runs (see tests/mpi4py_dropin.py) and the output."""
+    # mpi4py's suite passes __cuda_array_interface__ objects over host memory and expects
+    # them to reach MPI; without a CUDA driver pycollective counts them as device memory it
+    # cannot stage, so the run declares that this MPI takes such pointers (docs/gpu.md).
     env = dict(os.environ, PYTHON=sys.executable, PYCOLLECTIVE_TIMEOUT=str(LIMIT),
-               PYCOLLECTIVE_TIMEOUT_S="120")
+               PYCOLLECTIVE_TIMEOUT_S="120", PYCOLLECTIVE_GPU_AWARE="1")
     cmd = [str(ROOT / "scripts" / "run_mpi.sh"), str(nranks),
            str(ROOT / "tests" / "mpi4py_dropin.py"), str(testdir)]
     if per_algorithm:
