@@ -43,8 +43,8 @@ from ..runtime import registry as _registry, watch as _watch
 from .. import compression as _compression
 from .. import algorithms as _algorithms  # noqa: F401  (importing it registers every algorithm)
 from .agree import Facts
-from .call import (AUTO, DEFAULT, FAMILY, Checked, call_collective, comm_shape, leave, prepare,
-                   resolve_comm, run_algorithm, settings_facts)
+from .call import (AUTO, DEFAULT, FAMILY, Checked, call_collective, comm_shape, resolve_comm,
+                   run_collective, settings_facts)
 from .plans import run as run_remembered
 from ..runtime.context import Context
 from ..data.kernels import SUPPORTED_DTYPES, get_kernel
@@ -111,6 +111,22 @@ class _Allreduce(NamedTuple):
         algo = len(_registry.names()) if self.algo is None else _registry.index(self.algo.name)
         return _watch.fingerprint("allreduce", self.dst.size, _dtype_code(self.dst.dtype),
                                   OPS.index(self.opname), algo, settings)
+
+    # What run_collective reads of a checked call (Checked's fields).
+    own = ()  # copied on one rank only (_one_rank): the algorithms read src
+
+    @property
+    def count(self):
+        return self.dst.size
+
+    @property
+    def args(self):
+        return self.src, self.dst, self.kernel
+
+
+def _one_rank(checked: _Allreduce) -> None:
+    if checked.src is not checked.dst and checked.dst.size:
+        checked.dst[...] = checked.src
 
 
 def _resolve_algorithm(ctx: Context, checked: _Allreduce) -> _registry.Algorithm:
@@ -189,23 +205,11 @@ def allreduce(sendbuf, recvbuf, op=MPI.SUM, *, comm=None, algorithm: str = "auto
                  ("algorithm (-1: auto)", index))
         return _Allreduce(algo, src, dst, opname, kernel, facts)
 
-    ctx, checked, call = prepare("allreduce", comm, local, timeout, _resolve_algorithm)
-    src, dst = checked.src, checked.dst
-    if call is None:  # one rank
-        if src is not dst and dst.size:
-            dst[...] = src
-        return recvbuf
-    try:
-        if dst.size == 0:
-            return recvbuf
-        algo = _resolve_algorithm(ctx, checked)
-        if _timeline.ACTIVE is not None:  # timeline hook: what the call runs
-            _timeline.ACTIVE.about(algorithm=algo.name)
-        _plans.remember(ctx, algorithm, op, timeout, algo, checked.kernel, dst,
-                       tuple(checked.facts) + settings_facts(call.settings), call)
-        run_algorithm(call, algo.run, ctx, src, dst, checked.kernel)
-    finally:
-        leave(call)
+    def remember(ctx, call, algo, checked):
+        _plans.remember(ctx, algorithm, op, timeout, algo, checked.kernel, checked.dst,
+                        tuple(checked.facts) + settings_facts(call.settings), call)
+
+    run_collective("allreduce", comm, local, timeout, _one_rank, _resolve_algorithm, remember)
     return recvbuf
 
 

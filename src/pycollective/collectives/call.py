@@ -10,11 +10,15 @@ follows is the same for every collective and lives here:
 * :func:`run_algorithm`: the algorithm on the checked arguments; a failure
   after data started to move breaks the communicator and reaches every rank.
 * :func:`leave`: the end of the call (in a ``finally``).
-* :func:`call_collective`: those three for the collectives other than
-  allreduce, whose checked arguments are a :class:`Checked`, with ``auto``
-  resolved by :mod:`~pycollective.collectives.choose`.  Allreduce's repeated
-  shapes run from their plans (:mod:`~pycollective.collectives.plans`), on
-  :func:`enter`, :func:`run_algorithm` and :func:`leave` too.
+* :func:`run_collective`: those three for every collective.  The collectives
+  other than allreduce enter it by :func:`call_collective`, their checked
+  arguments a :class:`Checked`, with ``auto`` resolved by
+  :mod:`~pycollective.collectives.choose`; allreduce enters it after its own
+  entry checks (device memory, compression, its remembered shapes), with its
+  own resolution and its plan remembered before the algorithm runs.
+  Allreduce's repeated shapes run from their plans
+  (:mod:`~pycollective.collectives.plans`), on :func:`enter`,
+  :func:`run_algorithm` and :func:`leave` too.
 """
 
 from typing import Callable, NamedTuple, Optional
@@ -176,7 +180,22 @@ def call_collective(what, comm, local, timeout, one_rank):
     if _timeline.ACTIVE is not None and _timeline.ACTIVE.outside():  # timeline hook: the call
         return _timeline.ACTIVE.traced(call_collective, what, (what, comm, local, timeout,
                                                                one_rank))
-    ctx, checked, call = prepare(what, comm, local, timeout)
+    run_collective(what, comm, local, timeout, one_rank)
+
+
+def run_collective(what, comm, local, timeout, one_rank, algorithm_of=None, started=None):
+    """:func:`prepare`, the algorithm (:func:`run_algorithm`), :func:`leave`.
+
+    ``local()`` returns the checked call: ``facts``, ``fingerprint``, ``own``,
+    ``count`` and ``args`` as :class:`Checked` has them.  ``one_rank(checked)``
+    runs on a single rank.  ``algorithm_of(ctx, checked)``: the algorithm to
+    run, and what lets :func:`prepare` skip the agreement for an algorithm
+    that verifies the arguments itself (allreduce's); None: ``checked.algo``,
+    or :func:`~pycollective.collectives.choose.choose`'s for auto, always
+    agreed.  ``started(ctx, call, algo, checked)``: told the algorithm just
+    before it runs (allreduce remembers its plan there).
+    """
+    ctx, checked, call = prepare(what, comm, local, timeout, algorithm_of)
     if checked.own:
         src, dst = checked.own
         if src.size and src.__array_interface__["data"][0] != dst.__array_interface__["data"][0]:
@@ -187,18 +206,25 @@ def call_collective(what, comm, local, timeout, one_rank):
     try:
         if checked.count == 0:
             return
-        algo = checked.algo
-        if algo is None:
-            algo = _choose.choose(ctx, FAMILY[what], checked.count, checked.dtype)
-        else:
-            reason = algo.usable(ctx)
-            if reason:
-                raise ValueError(reason)
+        algo = (algorithm_of or _chosen)(ctx, checked)
         if _timeline.ACTIVE is not None:  # timeline hook: what the call runs
             _timeline.ACTIVE.about(algorithm=algo.name)
+        if started is not None:
+            started(ctx, call, algo, checked)
         run_algorithm(call, algo.run, ctx, *checked.args)
     finally:
         leave(call)
+
+
+def _chosen(ctx: Context, checked: Checked) -> _registry.Algorithm:
+    """A :class:`Checked` call's algorithm: the one named (if it can run here) or choose's."""
+    algo = checked.algo
+    if algo is None:
+        return _choose.choose(ctx, FAMILY[checked.what], checked.count, checked.dtype)
+    reason = algo.usable(ctx)
+    if reason:
+        raise ValueError(reason)
+    return algo
 
 
 def comm_shape(comm):

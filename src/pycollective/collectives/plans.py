@@ -180,8 +180,7 @@ def run(ctx, plan, src, dst) -> None:
     fast = plan.fast
     if fast is not None and ctx.broken is None and ctx.lock.acquire(False):
         try:
-            ctx.calls += 1
-            number = ctx.calls
+            number = ctx.next_call()
             values = plan.template
             values[0], values[1] = number, -number  # the plan's own: calls hold the lock
             if timeline is not None:  # timeline hook: the compiled step (ended below)

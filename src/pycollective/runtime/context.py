@@ -105,6 +105,16 @@ class Context:
         # (in reverse order of creation: later state may use earlier state).
         self._cache: Dict[Key, object] = {}
 
+    def next_call(self) -> int:
+        """Number a new collective on this communicator (from 1) and return its number.
+
+        The one place calls are numbered; the caller holds ``self.lock``, so
+        numbers follow the order of calls on the communicator, which MPI
+        requires to be the same on every rank.
+        """
+        self.calls += 1
+        return self.calls
+
     def scratch(self, slot: Key, count: int, dtype) -> np.ndarray:
         """Return an uninitialised array of ``count`` ``dtype`` elements.
 

@@ -93,12 +93,11 @@ def begin(ctx, what, fingerprint, settings, tag_offset=0, words=None, number=Non
 
     The caller holds ``ctx.lock``, so numbers follow the order of calls on
     the communicator, which MPI requires to be the same on every rank.
-    ``number``: the call was numbered already (``ctx.calls``, by a caller that
-    needs its record only now: the repeated call's fast way, ``collectives/plans.py``).
+    ``number``: the call was numbered already (:meth:`Context.next_call`, by a caller
+    that needs its record only now: the repeated call's fast way, ``collectives/plans.py``).
     """
     if number is None:
-        ctx.calls += 1
-        number = ctx.calls
+        number = ctx.next_call()
     call = Call(ctx, what, number, fingerprint, settings, tag_offset, words)
     _local.call = call
     if _timeline.ACTIVE is not None and fingerprint:  # timeline hook: the call's facts
