@@ -115,6 +115,20 @@ def test_a_rank_that_skips_the_call_is_named(tmp_path):
             assert outcome == "CollectiveTimeout" and "ranks [2] did not arrive" in text, text
 
 
+def test_a_rank_waiting_on_one_still_in_an_earlier_call_names_the_real_culprit(tmp_path):
+    status, results, output, _ = launch(tmp_path, 3, "behind")
+    assert status == 0, output[-3000:]
+    got = outcomes(results, "behind")
+    assert set(got) == {0, 1, 2}, output[-3000:]
+    outcome, text = got[0]
+    assert outcome == "CollectiveTimeout" and "ranks [2] did not arrive" in text, text
+    # rank 1 timed out first, in the next call, while rank 0 was late but alive
+    outcome, text = got[1]
+    assert outcome == "CollectiveTimeout" and "ranks [2] did not arrive" in text, text
+    assert "reported by rank 0 in call #2" in text, text
+    assert "reported by rank 0" in got[2][1], got[2]  # the victim, back, hears it failed
+
+
 def test_a_communicators_timeout_reaches_its_nonblocking_calls(tmp_path):
     status, results, output, _ = launch(tmp_path, 3, "comm_timeout_nonblocking")
     assert status == 0, output[-3000:]

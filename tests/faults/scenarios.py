@@ -151,6 +151,38 @@ def skip(algorithms, victim="2"):
         WORLD.Barrier()
 
 
+def behind(victim="2"):
+    """A rank that finished a call waits in the next one for a rank still in the first.
+
+    A ring of 3: the victim stalls (outside the library's waits) before the
+    last step of a call.  Rank 0, which receives from it, waits there (2 s
+    timeout); rank 1, which receives from rank 0, gets its last block, ends
+    the call and waits in the next one (1.5 s timeout) for rank 0.  At rank
+    1's timeout rank 0 is late but heard from, in the earlier call: rank 1
+    must take rank 0's verdict (the victim), not blame rank 0.
+    """
+    victim = int(victim)
+    comm = fresh()
+    x = data(RANK, 999)
+    if RANK == victim:
+        from pycollective.algorithms import ring
+        real, steps = ring.sendrecv, [0]
+
+        def stalling(*args):
+            steps[0] += 1
+            if steps[0] == 2 * (SIZE - 1):  # the call's last step
+                time.sleep(TIMEOUT + 1)
+            return real(*args)
+        ring.sendrecv = stalling
+    WORLD.Barrier()
+
+    def calls():
+        pycollective.allreduce(x, np.empty_like(x), comm=comm, algorithm="ring", timeout=2.0)
+        pycollective.allreduce(x, np.empty_like(x), comm=comm, algorithm="ring", timeout=1.5)
+    attempt("behind", calls)
+    WORLD.Barrier()
+
+
 def comm_timeout_nonblocking(victim="1"):
     """set_timeout(comm=) reaches a drop-in Iallreduce (run on the helper's own communicator).
 

@@ -7,7 +7,11 @@
 in a loop; after 20 good calls rank 0 writes DIR/started, and the test cuts
 the last host's link.  A rank that gets an error writes DIR/result.<rank>
 (JSON: the error, its ranks, when it came on CLOCK_MONOTONIC, which all
-namespaces share) and raises it, so that the job ends as a user's would.
+namespaces share), waits LINGER_S and raises it, so that the job ends as a
+user's would.  The wait is the test's, not the library's: the first rank to
+raise aborts the job (python -m mpi4py), and a rank that was about to raise
+-- it reads the notice within a millisecond on a quiet machine, later on CI's
+loaded 2 cores -- would be killed before it wrote what it raised.
 A rank that sees no error within LIMIT_S writes that instead.
 
 ``loss``: CALLS checked calls over a lossy link; each rank writes how many
@@ -29,6 +33,7 @@ WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
 COUNT = 1 << 16  # float32 per call (cut: the optional COUNT argument)
 LIMIT_S = 60.0
+LINGER_S = 3.0  # after writing an error, before raising it (see above)
 
 
 def data(rank, count):
@@ -66,6 +71,7 @@ def main():
         write(folder, outcome=type(exc).__name__, text=str(exc),
               ranks=list(getattr(exc, "ranks", ())), at=time.monotonic(), calls=calls,
               wrong=wrong)
+        time.sleep(LINGER_S)
         raise
     write(folder, outcome="ok", calls=calls, wrong=wrong, slowest=slowest,
           seconds=time.monotonic() - start)

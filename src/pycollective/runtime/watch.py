@@ -58,6 +58,8 @@ _SPINS = 4                # Test calls before a waiter starts yielding and watch
 # rank we wait for run when ranks outnumber cores, which measured faster for
 # small messages than spinning 64 times first)
 _ABSENT_S = 1.0          # a gap between two polls this long: the rank itself was not running
+_BEHIND_GRACE_S = 1.0    # at the timeout, how long more to wait for the verdict of a rank
+                         # that is still in an earlier call (see Waiter._time_out)
 _IO_EVERY_S = 1e-3        # how often a waiting rank reads the side channel
 _ERRORS = {cls.__name__: cls for cls in (CollectiveError, CollectiveTimeout, CollectiveMismatch,
                                          PeerFailed, CommunicatorBroken)}
@@ -427,6 +429,13 @@ class Waiter:
             ctx.early_notices = []
             _raise_peer_failure(call, failed[0])
         late, hosts = _late(call), getattr(ctx, "hosts", None)
+        # A late rank heard from in an earlier call is itself waiting there (a
+        # ring's last step lets a rank finish while the one before it still
+        # waits for its own receive) and started waiting first: its verdict
+        # names the ranks that really stopped.  Give it a moment to arrive;
+        # the polls go on reading the side channel.
+        if any(q in call.heard for q in late) and elapsed < self.timeout + _BEHIND_GRACE_S:
+            return
         exc = CollectiveTimeout(
             f"{call.title()} timed out on rank {ctx.rank} after {elapsed:.1f} s without "
             f"progress waiting for "
