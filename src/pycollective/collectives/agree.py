@@ -17,6 +17,7 @@ this is most of a small call's overhead.  Which board a communicator uses
 is decided on its first agreement, collectively, the same on all ranks.
 """
 
+import functools
 from typing import Optional, Sequence, Tuple
 
 import numpy as np
@@ -30,7 +31,7 @@ from .. import timeline as _timeline
 from ..runtime import threads as _threads
 
 __all__ = ["Facts", "agree", "fact_values", "agree_max", "board", "verdict", "needs_agreement",
-           "run_checked", "MAX_FACTS"]
+           "run_checked", "prepared", "MAX_FACTS"]
 
 #: ``((label, int value), ...)``: what every rank must share for one call.
 Facts = Sequence[Tuple[str, int]]
@@ -190,3 +191,21 @@ def run_checked(ctx, algo, values: Optional[np.ndarray], src, dst, kernel) -> bo
         return False
     algo.run(ctx, src, dst, kernel)
     return True
+
+
+def prepared(ctx, algo, kernel, dst, agreement):
+    """What a repeated call of ``dst``'s shape runs, ``run(ctx, call, values, src, dst)`` ->
+    agreed: the algorithm's own preparation (``repeated``) where it has one, else
+    :func:`run_checked` (agreement, then the algorithm).  The plan cache keeps one per
+    shape (``collectives/plans.py``), and auto's trials run one, so that a trial takes the
+    path the decided calls will."""
+    if agreement and algo.repeated is not None:
+        board = made_board(ctx)  # the call's agreement made it; None: prepare nothing
+        run = None if board is None else algo.repeated(ctx, dst, kernel, board)
+        if run is not None:
+            return run
+    return functools.partial(_checked, algo, kernel)
+
+
+def _checked(algo, kernel, ctx, call, values, src, dst):
+    return run_checked(ctx, algo, values, src, dst, kernel)

@@ -46,7 +46,7 @@ from mpi4py import MPI
 
 from ..runtime import env as _env, registry as _registry, watch as _watch
 from . import probe as _probe
-from .agree import agree_max, fact_values, needs_agreement, run_checked, verdict
+from .agree import agree_max, fact_values, needs_agreement, prepared, verdict
 from ..runtime.context import Context, Key
 from .._errors import CollectiveMismatch
 from ..data.ops import OPS
@@ -184,6 +184,7 @@ class AutoState:
         self.decisions: Dict[tuple, Decision] = {}
         self.tuners: Dict[tuple, Tuner] = {}
         self._times: Dict[tuple, list] = {}  # this rank's times of the round under way
+        self._prepared: Dict[tuple, dict] = {}  # key -> {name: (shape, prepared run)} in trials
         self._saving = path is not None
         for entry in (kept or {}).values():
             if entry["nranks"] == size and tuple(entry["nodes"]) == self.layout.nodes:
@@ -234,6 +235,7 @@ class AutoState:
                 return _registry.get(self._decide(key, dtype, tuner.decision).algorithm)
             if len(self.tuners) >= self._LIMIT:
                 self.tuners.clear()
+                self._prepared.clear()
             self.tuners[key] = tuner
         if count != tuner.count:
             # Another count of the class: the model's first, untimed (only equal
@@ -246,18 +248,25 @@ class AutoState:
 
     def _timed(self, key, dtype, tuner: Tuner, algo: _registry.Algorithm):
         def trial(ctx, src, dst, kernel):
-            # Time what the decided call will run (the fast path's run_checked):
-            # the agreement with the algorithm, folded into its first sync where
-            # the algorithm can, else one MAX before it.  The call agreed already
-            # (its shape is not decided, so it took the full path): this second
-            # agreement on the call number is redundant, and costs the trials
-            # alike, so that shm's folded agreement is credited.
+            # Time what the decided call will run: the plan cache's prepared run of
+            # this shape (agree.prepared: shm's repeated compiled step, the others'
+            # run_checked), with the agreement folded into its first sync where the
+            # algorithm can, else one MAX before it.  The call agreed already (its
+            # shape is not decided, so it took the full path): this second agreement
+            # on the call number is redundant, and costs the trials alike, so that
+            # shm's folded agreement is credited.  A prepared run is kept for the
+            # algorithm's later trials of the shape (the first resolves what it
+            # needs, as a decided shape's first repeated call does).
             call = _watch.current()
-            values = None
-            if needs_agreement(call.settings, algo):
-                values = fact_values(ctx.rank, None, (), call.number)
+            agreement = needs_agreement(call.settings, algo)
+            values = fact_values(ctx.rank, None, (), call.number) if agreement else None
+            runs = self._prepared.setdefault(key, {})
+            run = runs.get(algo.name)
+            if run is None or run[0] != (dst.size, dst.dtype, kernel, agreement):
+                run = runs[algo.name] = ((dst.size, dst.dtype, kernel, agreement),
+                                         prepared(ctx, algo, kernel, dst, agreement))
             start = time.perf_counter()
-            if not run_checked(ctx, algo, values, src, dst, kernel):
+            if not run[1](ctx, call, values, src, dst):
                 verdict(ctx, "allreduce", None, (), values)
                 raise CollectiveMismatch(
                     f"{call.title()}: the ranks disagree in auto's timed trial of "
@@ -273,6 +282,7 @@ class AutoState:
                 decision = tuner.feed(values / 1e9)
                 if decision is not None:
                     self.tuners.pop(key, None)
+                    self._prepared.pop(key, None)
                     self._decide(key, dtype, decision, ctx)
         return trial
 

@@ -19,7 +19,6 @@ the only place that writes a plan's arrays: each call's number into the
 agreement template the fast way reads by address).
 """
 
-import functools
 from typing import Callable, NamedTuple, Optional
 
 import numpy as np
@@ -27,7 +26,7 @@ from mpi4py import MPI
 
 from . import auto as _auto
 from ..runtime import settings as _settings, watch as _watch
-from .agree import Facts, fact_values, made_board, needs_agreement, run_checked, verdict
+from .agree import Facts, fact_values, needs_agreement, prepared, verdict
 from .call import enter, leave, run_algorithm
 from ..runtime.context import Context, Key, find_context
 from ..runtime.registry import Algorithm
@@ -139,26 +138,11 @@ def remember(ctx: Context, algorithm: str, op, timeout, algo: Algorithm, kernel:
     template = fact_values(ctx.rank, None, facts, 0)  # words 0-1: each call writes its number
     auto = ctx.peek(_auto.KEY) if algorithm == "auto" else None
     agreement = needs_agreement(call.settings, algo)
-    run = _prepared(ctx, algo, kernel, dst, agreement)
+    run = prepared(ctx, algo, kernel, dst, agreement)
     memo[(algorithm, key, dst.dtype, dst.size, timeout, call.fingerprint[8])] = Plan(
         algo, kernel, template, facts, auto, call.settings,
         call.fingerprint, call.fingerprint_words, call.tag_offset, _settings.epoch,
         agreement, run, getattr(run, "fast", None))
-
-
-def _prepared(ctx, algo, kernel, dst, agreement):
-    """What a repeated call runs: the algorithm's own preparation (``repeated``) where it
-    has one, else :func:`run_checked` (agreement, then the algorithm)."""
-    if agreement and algo.repeated is not None:
-        board = made_board(ctx)  # the call's agreement made it; None: prepare nothing
-        run = None if board is None else algo.repeated(ctx, dst, kernel, board)
-        if run is not None:
-            return run
-    return functools.partial(_checked, algo, kernel)
-
-
-def _checked(algo, kernel, ctx, call, values, src, dst):
-    return run_checked(ctx, algo, values, src, dst, kernel)
 
 
 def run(ctx, plan, src, dst) -> None:

@@ -17,10 +17,20 @@ ranks measure, at once and as they run inside an allreduce:
   cache) and 8 MiB (from memory) on every rank at once; the two-byte floats,
   which are compute bound, keep their built-in ratio to float32's γ.
 * the memory bandwidth (a copy of 8 MiB, every rank at once), the cost of a
-  sync (``Barrier``) and of the agreement step (a small ``Allreduce``): the
-  shared-memory algorithm moves data at memory speed and synchronises with
-  atomics, not with messages, so its price is made from those
-  (``corrections["shm"]``, the ratio of that price to its α-β-γ cost).
+  sync (``Barrier``) and of the agreement step (a small ``Allreduce``).
+* on one node, the library's own calls, on a duplicate of the communicator:
+  ``allreduce(algorithm="ring")`` of 8 bytes, whose time beyond the agreement
+  is nearly all α terms: α as the algorithms pay it, with the Python around
+  each message (a bare ``Sendrecv`` has none), when that is more than the
+  bare ring's;
+* and the shared-memory algorithm itself: ``allreduce(algorithm="shm")``
+  of 4 KiB, 64 KiB, 1 MiB and 8 MiB per rank on a duplicate of the
+  communicator, as a program's repeated calls run it (the library's Python,
+  the agreement folded into its first sync, its compiled steps and syncs).
+  No α-β-γ formula prices what it does (it moves data at memory speed and
+  synchronises with atomics, not messages), so the model takes its measured
+  times (``corrections["shm"]``, each one's ratio to its α-β-γ cost), and
+  the compiled code it loads is then loaded for the program's own calls.
 
 Each number is the minimum over a few repetitions on every rank, then the
 slowest rank's (one MAX reduction), so every rank holds the same parameters.
@@ -53,10 +63,13 @@ from ..model.params import BUILTIN, DEFAULTS, ANY_DTYPE, load_params, write_json
 __all__ = ["VERSION", "machine_facts", "cache_file", "measure", "machine_params",
            "SMALL", "MID", "LARGE", "KERNEL_IN", "KERNEL_OUT"]
 
-VERSION = 1
+VERSION = 2  # 2: the library's own ring and shm calls timed
 SMALL, MID, LARGE = 8, 64 << 10, 4 << 20      # bytes of the ring messages
 KERNEL_IN, KERNEL_OUT = 64 << 10, 8 << 20     # bytes reduced: in a core's cache, from memory
 _REPS = 3                                     # repetitions; the minimum counts
+SHM_SIZES = (8, 4 << 10, 64 << 10, 1 << 20, 8 << 20)  # bytes per rank of the timed shm calls
+_SHM_WARM = 3                                 # untimed shm calls of each size first
+_LIBRARY_REPS = 5                             # timed library calls of each size
 _SMALL_STEPS = 8                              # exchanges per repetition of the small message
 
 
@@ -139,11 +152,48 @@ def _comm_time(comm, fn, steps):
     return best
 
 
+#: ``collectives.api.allreduce``, set by that module (it imports auto, which imports this one)
+allreduce = None
+
+_SHM_FIELDS = tuple(f"shm_{n}" for n in SHM_SIZES)
 _FIELDS = ("t_small", "t_mid", "t_large", "g32_in", "g32_out", "g64_in", "g64_out", "copy",
-           "barrier", "agree", "inter_small", "inter_large")
+           "barrier", "agree", "inter_small", "inter_large", "ring_8") + _SHM_FIELDS
 
 
-def _local_measurements(comm, node, leaders):
+def _library_times(comm, shm):
+    """This rank's times of the library's own calls (float32 sum, each call after a
+    Barrier, _LIBRARY_REPS of each) on a duplicate of ``comm`` (collective):
+    ``allreduce(algorithm="ring")`` of 8 bytes, then, if ``shm``,
+    ``allreduce(algorithm="shm")`` at each of SHM_SIZES.  :func:`measure` takes each
+    call's slowest rank, then the median of the calls, as a program sees its calls.
+
+    A duplicate, because this runs inside the first automatic call on ``comm`` (its calls
+    nest in that one, see ``runtime.watch.begin``).  The first _SHM_WARM calls of each size
+    are not timed: the first builds what the repeated calls use (slots, plan), the next
+    load and prepare the repeated call's code, and each of them takes many times what the
+    repeated calls after them take.  What the duplicate built goes with it.
+    """
+    if allreduce is None:
+        raise RuntimeError("collectives.api was not imported: it hands the probe allreduce")
+    dup = comm.Dup()
+    times = []
+    try:
+        for algorithm, nbytes in [("ring", 8)] + [("shm", n) for n in SHM_SIZES if shm]:
+            x = np.ones(nbytes // 4, np.float32)
+            y = np.empty_like(x)
+            for _ in range(_SHM_WARM):
+                allreduce(x, y, comm=dup, algorithm=algorithm)
+            for _ in range(_LIBRARY_REPS):
+                comm.Barrier()
+                start = time.perf_counter()
+                allreduce(x, y, comm=dup, algorithm=algorithm)
+                times.append(time.perf_counter() - start)
+    finally:
+        dup.Free()
+    return times
+
+
+def _local_measurements(comm, node, leaders, layout, shm):
     m = dict.fromkeys(_FIELDS, 0.0)
     m["t_small"] = _ring_time(node, SMALL, _SMALL_STEPS, _REPS)
     m["t_mid"] = _ring_time(node, MID, 2, _REPS)
@@ -168,7 +218,8 @@ def _local_measurements(comm, node, leaders):
     if leaders != MPI.COMM_NULL and leaders.Get_size() > 1:
         m["inter_small"] = _ring_time(leaders, SMALL, _SMALL_STEPS, _REPS)
         m["inter_large"] = _ring_time(leaders, LARGE, 1, _REPS)
-    return m
+    calls = _library_times(comm, shm) if not layout.spans_nodes else []
+    return m, calls
 
 
 def _fit(m, nranks, layout):
@@ -176,6 +227,13 @@ def _fit(m, nranks, layout):
     alpha = min(m["t_small"], m["t_mid"])  # a 64 KiB exchange timed faster: load, not α
     beta_mid = max((m["t_mid"] - alpha) / MID, 1e-13)
     beta = max((m["t_large"] - alpha) / LARGE, 1e-13)
+    if m["ring_8"] > 0:
+        # α as the algorithms pay it: each of their messages costs the library's Python
+        # around it too (the request, its wait, the step's bookkeeping), which a bare
+        # Sendrecv does not.  The ring of 8 bytes is nearly all α terms; what it took
+        # beyond the agreement, per α term, is the α of a message sent by the library.
+        terms = _registry.get("ring").cost(nranks, 2, 4, 1.0, 0.0, 0.0)
+        alpha = max(alpha, (m["ring_8"] - m["agree"]) / max(terms, 1.0))
     g32_in, g32_out = m["g32_in"], m["g32_out"]
     entry = {
         "nranks": nranks, "alpha": alpha, "beta": beta, "gamma": g32_out,
@@ -204,23 +262,27 @@ def _fit(m, nranks, layout):
 
 
 def _shm_ratio(m, nranks, entry):
-    """shm's price on this machine (syncs at ``Barrier`` cost, data at copy speed, the
-    agreement folded into its first sync) over its α-β-γ cost with the message α and β."""
+    """shm's measured time (``m["shm_<bytes>"]``) over its α-β-γ cost with the message α and
+    β, per size; where it was not timed (0), its price from the sync and copy measurements
+    (syncs at ``Barrier`` cost, data at copy speed)."""
     cost = _registry.get("shm").cost
     curve = []
-    for nbytes in (4 << 10, 64 << 10, 1 << 20, 8 << 20, 64 << 20):
+    for nbytes in SHM_SIZES:
         count = nbytes // 4
         beta = entry["beta_curve"][0][1] if nbytes <= MID else entry["beta"]
         gamma = m["g32_in"] if nbytes <= KERNEL_IN else m["g32_out"]
         plain = cost(nranks, count, 4, entry["alpha"], beta, gamma)
-        here = cost(nranks, count, 4, m["barrier"], m["copy"], gamma)
+        here = m[f"shm_{nbytes}"] or cost(nranks, count, 4, m["barrier"], m["copy"], gamma)
         # the call's prediction is overhead + ratio * plain: shm pays no separate agreement
         curve.append([float(nbytes), max(here - entry["overhead"], 0.0) / plain])
     return curve
 
 
-def measure(comm, layout):
+def measure(comm, layout, shm=False):
     """Measure this machine's parameters on ``comm`` (collective); an entry for ``by_nranks``.
+
+    ``shm``: time the shared-memory algorithm too (it can run on ``comm``: the same on
+    every rank).
 
     Returns ``(entry, seconds)``: the agreed entry and how long the measurement took
     (the slowest rank's).
@@ -230,14 +292,18 @@ def measure(comm, layout):
     node, _ = node_comm(comm)
     leaders = comm.Split(0 if node.Get_rank() == 0 else MPI.UNDEFINED, comm.Get_rank())
     try:
-        m = _local_measurements(comm, node, leaders)
+        m, calls = _local_measurements(comm, node, leaders, layout, shm)
     finally:
         node.Free()
         if leaders != MPI.COMM_NULL:
             leaders.Free()
-    values = np.array([m[k] for k in _FIELDS] + [time.perf_counter() - start], np.float64)
+    values = np.array([m[k] for k in _FIELDS] + calls + [time.perf_counter() - start],
+                      np.float64)
     comm.Allreduce(MPI.IN_PLACE, values, op=MPI.MAX)
-    agreed = dict(zip(_FIELDS, values[:-1].tolist()))
+    agreed = dict(zip(_FIELDS, values[:len(_FIELDS)].tolist()))
+    # each library call's slowest rank; the median of each size's calls
+    slowest = values[len(_FIELDS):-1].reshape(-1, _LIBRARY_REPS)
+    agreed.update(zip(("ring_8",) + _SHM_FIELDS, np.median(slowest, axis=1).tolist()))
     entry = _fit(agreed, comm.Get_size(), layout)
     entry["probe_seconds"] = float(values[-1])
     return entry, float(values[-1])
@@ -275,7 +341,11 @@ def machine_params(ctx, layout, loaded):
     if what == "saved":
         found["measured_here"] = True
         return found
-    entry, _ = measure(comm, layout)
+    # shm times itself where it can run on the whole communicator (one node); its
+    # ``usable`` answers alike on every rank, so every rank takes the same branch
+    shm = "shm" in _registry.names() and not layout.spans_nodes \
+        and not _registry.get("shm").usable(ctx)
+    entry, _ = measure(comm, layout, shm)
     data = {"version": 1, "by_nranks": {str(ctx.size): entry}, "machine": machine_facts(layout),
             **{k: entry[k] for k in ("alpha", "beta", "gamma", "overhead", "gamma_by_dtype")}}
     if ctx.rank == 0:

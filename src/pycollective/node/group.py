@@ -47,7 +47,6 @@ __all__ = ["Segment", "NodeGroup", "whole_node", "FlagBarrier", "SharedSlots", "
 
 BLOCK_BYTES = 128 << 10      # reduction block: N inputs + output stay in a 2 MB L2
 DOUBLE_LIMIT = 1 << 20       # up to this, alternate two regions (no trailing sync)
-_ALIGN = 4096
 
 # Control segment layout, in int64 words.
 _FLAG_WORDS = STRIDE         # one 64-byte cache line per rank: counter, sleepers
@@ -71,9 +70,17 @@ def node_comm(comm):
     return node, node.Get_size() == comm.Get_size()
 
 
+# The first slots hold 1 MiB each: every call up to 512 KiB per rank (the small and
+# reduce-scatter steps use two regions of a slot) then runs without growing them, and
+# growing costs a new segment on every rank, many times a small call.  A tmpfs page costs
+# memory only once written, so slots sized for calls a program never makes cost nothing.
+_FIRST_SLOT = 1 << 20
+
+
 def _round_capacity(nbytes):
-    """Slot bytes for a need of ``nbytes`` (grows geometrically up to 64 MB)."""
-    nbytes = max(nbytes, _ALIGN)
+    """Slot bytes for a need of ``nbytes`` (at least _FIRST_SLOT; grows geometrically up
+    to 64 MB)."""
+    nbytes = max(nbytes, _FIRST_SLOT)
     if nbytes <= 64 << 20:
         return 1 << (nbytes - 1).bit_length()
     step = 16 << 20

@@ -71,7 +71,7 @@ class Call:
     """One collective call in progress on one rank (thread-local while it runs)."""
 
     __slots__ = ("ctx", "what", "number", "fingerprint", "fingerprint_words", "settings",
-                 "tag_offset", "rolled", "heard", "warned")
+                 "tag_offset", "rolled", "heard", "warned", "outer")
 
     def __init__(self, ctx, what, number, fingerprint, settings, tag_offset, words=None):
         self.ctx, self.what, self.number = ctx, what, number
@@ -80,6 +80,7 @@ class Call:
         self.fingerprint_words = words if words is not None else fingerprint_words(fingerprint)
         self.rolled = self.warned = False
         self.heard = {}  # rank -> (call number, fingerprint) from roll records
+        self.outer = None  # the call this one runs inside, if any (see begin)
 
     def title(self):
         return f"{self.what} call #{self.number} on {self.ctx.label}"
@@ -101,6 +102,9 @@ def begin(ctx, what, fingerprint, settings, tag_offset=0, words=None, number=Non
     if number is None:
         number = ctx.next_call()
     call = Call(ctx, what, number, fingerprint, settings, tag_offset, words)
+    # A call made inside another (the first-use measurement runs shm on a duplicate
+    # communicator inside the first automatic call): end() gives the outer one back.
+    call.outer = getattr(_local, "call", None)
     _local.call = call
     if _timeline.ACTIVE is not None and fingerprint:  # timeline hook: the call's facts
         _timeline.ACTIVE.about(number=number, comm=ctx, count=fingerprint[1],
@@ -116,8 +120,8 @@ def _dtype_name(fp):
 
 
 def end(call: Call) -> None:
-    """Leave ``call`` (it is no longer this thread's current call)."""
-    _local.call = None
+    """Leave ``call``: this thread's current call is again the one it ran inside, if any."""
+    _local.call = call.outer
 
 
 # --- fingerprints ------------------------------------------------------------------------

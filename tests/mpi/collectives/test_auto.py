@@ -5,6 +5,7 @@ fail on one rank only are made after the last collective of a test.
 """
 
 import dataclasses
+import functools
 import logging
 import os
 import types
@@ -174,17 +175,22 @@ def test_tuning_decides_the_same_everywhere_within_its_bound_and_every_call_is_r
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("check", [True, False])
 def test_a_trial_times_what_the_decided_call_runs(monkeypatch, check):
-    """Each timed trial runs the agreement and the algorithm the way the
-    repeated call's fast path will (_agree.run_checked): with the check on,
-    every candidate agrees inside the timed span (shm folds it into its data
-    step); with it off, only the algorithms that cannot verify the call."""
+    """Each timed trial runs what the plan cache prepares for the decided calls
+    (agree.prepared: shm's repeated compiled step, the others' run_checked):
+    with the check on, every candidate agrees inside the timed span (shm folds
+    it into its data step); with it off, only the algorithms that cannot
+    verify the call."""
     seen = []
-    real = _auto.run_checked
+    real = _auto.prepared
 
-    def recording(ctx, algo, values, src, dst, kernel):
-        seen.append((algo.name, values is not None, algo.agreed is not None))
-        return real(ctx, algo, values, src, dst, kernel)
-    monkeypatch.setattr(_auto, "run_checked", recording)
+    def recording(ctx, algo, kernel, dst, agreement):
+        run = real(ctx, algo, kernel, dst, agreement)
+
+        def recorded(ctx, call, values, src, dst):
+            seen.append((algo.name, values is not None, not isinstance(run, functools.partial)))
+            return run(ctx, call, values, src, dst)
+        return recorded
+    monkeypatch.setattr(_auto, "prepared", recording)
     monkeypatch.setenv("PYCOLLECTIVE_AUTO", "tune")
     previous = pycollective.set_check(check)
     comm = MPI.COMM_WORLD.Dup()

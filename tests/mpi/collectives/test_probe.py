@@ -36,8 +36,8 @@ def _counting(monkeypatch):
     calls = []
     real = _probe.measure
 
-    def counted(comm, layout):
-        entry, seconds = real(comm, layout)
+    def counted(*args):
+        entry, seconds = real(*args)
         calls.append(seconds)
         return entry, seconds
     monkeypatch.setattr(_probe, "measure", counted)
@@ -119,11 +119,16 @@ def test_the_probe_entry_is_a_valid_calibration(monkeypatch, tmp_path_factory):
     comm = MPI.COMM_WORLD.Dup()
     try:
         layout = _auto.layout_of(get_context(comm))
-        entry, seconds = _probe.measure(comm, layout)
+        entry, seconds = _probe.measure(comm, layout, shm=True)
         same = comm.allgather(entry["alpha"])
+        shm = comm.allgather(entry["corrections"]["shm"])
     finally:
         comm.Free()
     assert len(set(same)) == 1
+    # shm timed itself at every size, and every rank holds the same ratios
+    assert all(entry["measured"][f"shm_{n}"] > 0 for n in _probe.SHM_SIZES), entry["measured"]
+    assert all(curve == shm[0] for curve in shm)
+    assert [n for n, _ in shm[0]] == [float(n) for n in _probe.SHM_SIZES]
     params = model.params_for(_probe.load_params_from({"by_nranks": {str(entry["nranks"]): entry},
                                                       **{k: entry[k] for k in ("alpha", "beta",
                                                                                "gamma")}}),
