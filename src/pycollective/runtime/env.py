@@ -120,7 +120,8 @@ AUTO = _setting(
 MEASURE = _setting(
     "PYCOLLECTIVE_MEASURE", parse_bool, True,
     "without a calibration file, measure this machine's alpha, beta, gamma, memory speed and "
-    "sync cost on the first automatic choice (well under a second) and keep them in "
+    "sync cost, and time the library's ring and shm calls, on the first automatic choice "
+    "(well under a second) and keep them in "
     "~/.cache/pycollective/machines/ for later jobs (default on; 0: the built-in defaults)")
 SEGMENT_BYTES = _setting(
     "PYCOLLECTIVE_SEGMENT_BYTES", parse_positive_int, 1 << 20,
