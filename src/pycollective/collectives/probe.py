@@ -22,7 +22,9 @@ ranks measure, at once and as they run inside an allreduce:
   ``allreduce(algorithm="ring")`` of 8 bytes, whose time beyond the agreement
   is nearly all α terms: α as the algorithms pay it, with the Python around
   each message (a bare ``Sendrecv`` has none), when that is more than the
-  bare ring's;
+  bare ring's; and the same of 4 MiB, whose time beyond its α and γ terms
+  is β as the algorithms pay it on large vectors (copies, kernel passes,
+  the MPI library's own transfer), when that is more than the bare ring's;
 * and the shared-memory algorithm itself: ``allreduce(algorithm="shm")``
   of 4 KiB, 64 KiB, 1 MiB and 8 MiB per rank on a duplicate of the
   communicator, as a program's repeated calls run it (the library's Python,
@@ -59,6 +61,8 @@ from ..node.group import node_comm
 from ..data import kernels as _kernels
 from ..data.kernels import get_kernel
 from ..model.params import BUILTIN, DEFAULTS, ANY_DTYPE, load_params, write_json
+from ..runtime.context import get_context
+from .agree import agree_max
 
 __all__ = ["VERSION", "machine_facts", "cache_file", "measure", "machine_params",
            "SMALL", "MID", "LARGE", "KERNEL_IN", "KERNEL_OUT"]
@@ -157,13 +161,14 @@ allreduce = None
 
 _SHM_FIELDS = tuple(f"shm_{n}" for n in SHM_SIZES)
 _FIELDS = ("t_small", "t_mid", "t_large", "g32_in", "g32_out", "g64_in", "g64_out", "copy",
-           "barrier", "agree", "inter_small", "inter_large", "ring_8") + _SHM_FIELDS
+           "barrier", "agree", "inter_small", "inter_large", "ring_8", "ring_large") + (
+               _SHM_FIELDS + ("agree_library",))
 
 
 def _library_times(comm, shm):
     """This rank's times of the library's own calls (float32 sum, each call after a
     Barrier, _LIBRARY_REPS of each) on a duplicate of ``comm`` (collective):
-    ``allreduce(algorithm="ring")`` of 8 bytes, then, if ``shm``,
+    ``allreduce(algorithm="ring")`` of 8 bytes and of LARGE, then, if ``shm``,
     ``allreduce(algorithm="shm")`` at each of SHM_SIZES.  :func:`measure` takes each
     call's slowest rank, then the median of the calls, as a program sees its calls.
 
@@ -178,15 +183,25 @@ def _library_times(comm, shm):
     dup = comm.Dup()
     times = []
     try:
-        for algorithm, nbytes in [("ring", 8)] + [("shm", n) for n in SHM_SIZES if shm]:
+        for algorithm, nbytes in [("ring", 8), ("ring", LARGE)] + [
+                ("shm", n) for n in SHM_SIZES if shm]:
             x = np.ones(nbytes // 4, np.float32)
             y = np.empty_like(x)
-            for _ in range(_SHM_WARM):
+            for _ in range(1 if nbytes == LARGE and algorithm == "ring" else _SHM_WARM):
                 allreduce(x, y, comm=dup, algorithm=algorithm)
             for _ in range(_LIBRARY_REPS):
                 comm.Barrier()
                 start = time.perf_counter()
                 allreduce(x, y, comm=dup, algorithm=algorithm)
+                times.append(time.perf_counter() - start)
+        # The agreement step as the calls above ran it (on one node a shared-memory board,
+        # not an MPI_Allreduce): what every algorithm that does not fold it in pays per call.
+        ctx, values = get_context(dup), np.zeros(8, np.int64)
+        for rep in range(_SHM_WARM + _LIBRARY_REPS):
+            comm.Barrier()
+            start = time.perf_counter()
+            agree_max(ctx, values)
+            if rep >= _SHM_WARM:
                 times.append(time.perf_counter() - start)
     finally:
         dup.Free()
@@ -227,17 +242,28 @@ def _fit(m, nranks, layout):
     alpha = min(m["t_small"], m["t_mid"])  # a 64 KiB exchange timed faster: load, not α
     beta_mid = max((m["t_mid"] - alpha) / MID, 1e-13)
     beta = max((m["t_large"] - alpha) / LARGE, 1e-13)
+    # the agreement as the library's calls pay it, where they were timed (one node)
+    overhead = m["agree_library"] or m["agree"]
     if m["ring_8"] > 0:
         # α as the algorithms pay it: each of their messages costs the library's Python
         # around it too (the request, its wait, the step's bookkeeping), which a bare
         # Sendrecv does not.  The ring of 8 bytes is nearly all α terms; what it took
         # beyond the agreement, per α term, is the α of a message sent by the library.
         terms = _registry.get("ring").cost(nranks, 2, 4, 1.0, 0.0, 0.0)
-        alpha = max(alpha, (m["ring_8"] - m["agree"]) / max(terms, 1.0))
+        alpha = max(alpha, (m["ring_8"] - overhead) / max(terms, 1.0))
+    if m["ring_large"] > 0:
+        # β as the algorithms pay it on large vectors: the library's ring of LARGE bytes
+        # (its copies, its kernel's passes, the MPI library's own transfer) beyond what
+        # its α and γ terms and the agreement account for, per β term.
+        ring, count = _registry.get("ring").cost, LARGE // 4
+        rest = m["ring_large"] - overhead - ring(nranks, count, 4, alpha, 0.0, m["g32_out"])
+        per_beta = ring(nranks, count, 4, 0.0, 1.0, 0.0)
+        if per_beta > 0 and rest > 0:
+            beta = max(beta, rest / per_beta)
     g32_in, g32_out = m["g32_in"], m["g32_out"]
     entry = {
         "nranks": nranks, "alpha": alpha, "beta": beta, "gamma": g32_out,
-        "overhead": m["agree"],
+        "overhead": overhead,
         "beta_curve": [[float(MID), beta_mid], [float(LARGE), beta]],
         "gamma_curves": {
             "float32": [[float(KERNEL_IN), g32_in], [float(KERNEL_OUT), g32_out]],
@@ -303,7 +329,10 @@ def measure(comm, layout, shm=False):
     agreed = dict(zip(_FIELDS, values[:len(_FIELDS)].tolist()))
     # each library call's slowest rank; the median of each size's calls
     slowest = values[len(_FIELDS):-1].reshape(-1, _LIBRARY_REPS)
-    agreed.update(zip(("ring_8",) + _SHM_FIELDS, np.median(slowest, axis=1).tolist()))
+    medians = np.median(slowest, axis=1).tolist()
+    agreed.update(zip(("ring_8", "ring_large") + _SHM_FIELDS[:len(medians) - 3], medians[:-1]))
+    if medians:
+        agreed["agree_library"] = medians[-1]
     entry = _fit(agreed, comm.Get_size(), layout)
     entry["probe_seconds"] = float(values[-1])
     return entry, float(values[-1])
