@@ -27,7 +27,7 @@ from mpi4py import MPI
 import pycollective
 from pycollective.bench import _exact
 from pycollective.algorithms.shm import rsag_steps as _rsag_steps
-from pycollective.algorithms.shm import steps as _shm_steps
+from pycollective.algorithms.shm import stores as _stores
 
 
 def _timed(comm, send, out, calls):
@@ -54,7 +54,7 @@ def main():
                         help="pin the older sliced step's stores (plain 0, non-temporal 1; "
                              "default: each rank chooses while running)")
     args = parser.parse_args()
-    _shm_steps.FORCE_STORES = args.stores
+    _stores.FORCE_STORES = args.stores
     world = MPI.COMM_WORLD
     n, r = world.Get_size(), world.Get_rank()
     comms = {}

@@ -1,7 +1,7 @@
 """The sliced path's copy-in past the caches, and each rank's choice of stores.
 
 ``_mid._stream`` copies with non-temporal stores where the destination is
-32-byte aligned and plain ones at the ragged ends; ``_shm_steps.Stores``
+32-byte aligned and plain ones at the ragged ends; ``shm.stores.Stores``
 chooses between it and the plain copy from the times of a rank's calls
 (or keeps a fixed kind).  On several ranks: tests/mpi/algorithms/test_shm_mid.py
 (``FORCE_STORES``).
@@ -10,8 +10,8 @@ chooses between it and the plain copy from the times of a rank's calls
 import numpy as np
 import pytest
 
-from pycollective.algorithms.shm import mid as _mid, steps as _shm_steps
-from pycollective.algorithms.shm.steps import Stores
+from pycollective.algorithms.shm import mid as _mid, stores as _stores
+from pycollective.algorithms.shm.stores import Stores
 
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.float32, np.float64])
@@ -124,7 +124,7 @@ def test_timing_every_call_after_the_probe():
 
 
 def test_a_forced_kind_is_used_and_not_timed(monkeypatch):
-    monkeypatch.setattr(_shm_steps, "FORCE_STORES", 1)
+    monkeypatch.setattr(_stores, "FORCE_STORES", 1)
     stores = Stores(every=1)
     kinds, timed = _run(stores, {0: 10e-6, 1: 90e-6}, 50)
     assert set(kinds) == {1} and timed == []

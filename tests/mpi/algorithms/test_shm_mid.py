@@ -35,6 +35,7 @@ from pycollective._errors import (CollectiveError, CollectiveMismatch, Collectiv
                                   CommunicatorBroken, PeerFailed)
 from pycollective.node.group import DOUBLE_LIMIT
 from pycollective.algorithms.shm import mid as _mid, rsag_steps as _rsag_steps, steps as _shm_steps, allreduce as shm
+from pycollective.algorithms.shm import stores as _stores
 from _data import (MPI_OPS, bitwise_equal, check_allreduce, env, exact_reduce, exact_values,
                    random_values, rounding_bound)
 
@@ -453,7 +454,7 @@ def test_slot_path_above_1mib_right_with_either_kind_of_stores(monkeypatch, kind
     takes the partial results).  Item sizes 1, 2, 8, counts whose slices start anywhere
     in a 32-byte block, calls in a row (the same slot each time), bitwise right, the
     send buffer untouched; the streamed copy runs only with kind 1."""
-    monkeypatch.setattr(_shm_steps, "FORCE_STORES", kind)
+    monkeypatch.setattr(_stores, "FORCE_STORES", kind)
     comm = _fresh()
     failures = []
     try:
@@ -474,12 +475,12 @@ def test_slot_path_above_1mib_right_with_either_kind_of_stores(monkeypatch, kind
 @pytest.mark.mpi(min_size=2)
 def test_repeated_calls_right_with_non_temporal_stores(monkeypatch):
     """The repeated call's copy-in with non-temporal stores on every call
-    (``_shm_steps.FORCE_STORES``; ``_shm_steps.Stores`` chooses while running, and its
+    (``shm.stores.FORCE_STORES``; ``shm.stores.Stores`` chooses while running, and its
     first calls alternate both kinds, so at 2 ranks the other tests take both too): item
     sizes 1, 2, 8, slices that start anywhere in a 32-byte block, six calls in a row (the
     slot regions alternate), in place and out of place, bitwise right, the send buffer
     untouched, through the prepared step."""
-    monkeypatch.setattr(_shm_steps, "FORCE_STORES", 1)
+    monkeypatch.setattr(_stores, "FORCE_STORES", 1)
     comm = _fresh()
     n = comm.Get_size()
     failures = []

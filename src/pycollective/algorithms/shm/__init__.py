@@ -3,7 +3,8 @@
 ``allreduce`` is the registered allreduce "shm" (its three paths by size: the
 replicated small path, the slot path, the single-copy path); ``small`` and
 ``mid`` are its compiled steps (numba) and ``steps`` their Python side (the
-prepared calls a repeated call reuses); ``common`` is the node state the "shm"
+prepared calls a repeated call reuses; ``stores`` picks their copy-in's kind of
+stores); ``common`` is the node state the "shm"
 reduce-scatter, allgather, bcast and reduce share.
 
 May import: ``data``, ``runtime``, ``node``, ``timeline``, ``_errors``.  Importing the

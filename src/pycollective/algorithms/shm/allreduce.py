@@ -116,7 +116,7 @@ from ...node.group import (DOUBLE_LIMIT, SharedSlots, copy_in, copy_out, reduce_
 from ... import timeline as _timeline
 # Through the module, not its names: tests stand its gates aside by patching them.
 from . import mid as _mid
-from . import rsag_steps as _rsag_steps, steps as _steps
+from . import rsag_steps as _rsag_steps, steps as _steps, stores as _stores
 from .common import cross_reduce, reduce_range
 from .steps import REPLICATE_BYTES
 # Above this, single copy where the system allows it (else the slots): each
@@ -139,7 +139,7 @@ def shm_allreduce_on(node, src, dst, kernel, shared=None, stores=None):
     the one after the copy-in) compares every rank's header, so no rank
     reads the others' slots unless all agree on count, dtype, op and call.
     ``shared``: the context's :class:`~pycollective.node.arrays.Registry`, if any.
-    ``stores``: a :class:`~pycollective.algorithms.shm.steps.Stores` for this size, which says
+    ``stores``: a :class:`~pycollective.algorithms.shm.stores.Stores` for this size, which says
     whether a call above ``DOUBLE_LIMIT`` writes the slot with plain or
     non-temporal stores (see ``_ShmState.stores_for``); plain stores if None.
     """
@@ -268,7 +268,7 @@ class _ShmState:
                 cross.free()
 
     def stores_for(self, nbytes):
-        """The slot path's :class:`~pycollective.algorithms.shm.steps.Stores` for calls of ``nbytes`` above
+        """The slot path's :class:`~pycollective.algorithms.shm.stores.Stores` for calls of ``nbytes`` above
         ``DOUBLE_LIMIT`` (None below: those run :mod:`._mid` or need no choice).
 
         There the slots no longer fit a core's 2 MiB L2 beside the input and
@@ -286,7 +286,7 @@ class _ShmState:
             if len(self.stores) >= _SIZES_KEPT:  # a sweep over sizes: start afresh
                 self.stores.clear()
             sleeps = self.node.group.barrier.sleep
-            stores = self.stores[nbytes] = _steps.Stores(
+            stores = self.stores[nbytes] = _stores.Stores(
                 chooses=not sleeps, fixed=int(nbytes >= STREAM_BYTES), every=1)
         return stores
 

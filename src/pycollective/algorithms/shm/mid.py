@@ -187,7 +187,7 @@ def _post(flags, rank, target, flat, stride, base, src, bounds, headers, number,
           nontemporal):
     """Phase 0's writes (copy-in, and the header where ``headers`` has rows), then the counter.
 
-    ``nontemporal``: copy in past this core's cache (see ``algorithms.shm.steps.Stores``)."""
+    ``nontemporal``: copy in past this core's cache (see ``algorithms.shm.stores.Stores``)."""
     lo, hi = bounds[rank], bounds[rank + 1]
     _copy_in(_slot(flat, stride, base, rank, 0, lo), src[:lo], nontemporal)
     _copy_in(_slot(flat, stride, base, rank, hi, src.shape[0]), src[hi:], nontemporal)

@@ -26,6 +26,7 @@ so the region is taken, and the parity flipped, only once the call is done.
 """
 
 import functools
+from typing import NamedTuple
 
 import numpy as np
 
@@ -68,6 +69,15 @@ def _rewind(group, number):
     call's second target and checks the header set this call published."""
     group._number, group._step, group._unchecked = number, 1, None
     group._last = (number << 24) + 1
+
+
+class RsagCall(NamedTuple):
+    """A call of :func:`._rsag.step`: what it is given besides the buffers and the phase."""
+
+    ctl: np.ndarray           # its control words (the call's agreement vector and fingerprint)
+    target: int               # the first sync's barrier target (the second is target + 1)
+    number: int               # the call's number
+    sides: int                # board side | slot parity << 1 | header side << 2
 
 
 class RepeatedRsag(_steps._Repeated):
@@ -137,10 +147,10 @@ class RepeatedRsag(_steps._Repeated):
         if verdict == _rsag.DONE:
             node.parity, node.dirty = parity ^ 1, True  # SharedSlots.begin, grown already
             return None
-        return functools.partial(self._rest, ctl, target, number, sides, verdict, phase)
+        return functools.partial(self._rest, RsagCall(ctl, target, number, sides), verdict, phase)
 
-    def _rest(self, ctl, target, number, sides, verdict, phase, ctx, call, values, src, dst):
-        return self._after(ctl, call, target, number, sides, verdict, phase, values, src, dst)
+    def _rest(self, r, verdict, phase, ctx, call, values, src, dst):
+        return self._after(r, call, verdict, phase, values, src, dst)
 
     def __call__(self, ctx, call, values, src, dst):
         """The call with its record (not the fast way: the first after the slots changed,
@@ -157,11 +167,12 @@ class RepeatedRsag(_steps._Repeated):
         data_src, data_dst = (src.view(np.uint16), dst.view(np.uint16)) if self.half \
             else (src, dst)
         verdict, phase = self.step(ctl, data_src, data_dst, target, call.number, sides, 0)
-        return self._after(ctl, call, target, call.number, sides, verdict, phase, values, src,
-                           dst)
+        return self._after(RsagCall(ctl, target, call.number, sides), call, verdict, phase,
+                           values, src, dst)
 
-    def _after(self, ctl, call, target, number, sides, verdict, phase, values, src, dst):
+    def _after(self, r, call, verdict, phase, values, src, dst):
         """Whatever the compiled step handed back: a slow rank, call words that differ."""
+        ctl, target, number, sides = r
         node = self.node
         group = node.group
         data_src, data_dst = (src.view(np.uint16), dst.view(np.uint16)) if self.half \

@@ -22,6 +22,7 @@ arguments, 5-15 % of a call below 1 MiB (docs/results/entry.md).
 
 import functools
 import time
+from typing import Callable, NamedTuple, Tuple
 
 import numpy as np
 
@@ -30,14 +31,12 @@ from ...node.group import DOUBLE_LIMIT, FP_WORDS
 from ...node.views import address
 from ...runtime.watch import FP_OP
 from . import mid as _mid, small as _small
+from .stores import Stores
 
 __all__ = ["REPLICATE_BYTES", "COMPILED", "compiled", "small_data", "small_agreed",
            "mid_compiled", "mid_data", "mid_agreed", "repeated"]
 
 REPLICATE_BYTES = 4 << 10     # up to this, every rank reduces the whole vector
-# 0 or 1: every repeated sliced call copies in with that kind of stores (see Stores);
-# None: each chooses while running.  For benchmarks and tests.
-FORCE_STORES = None
 _F16 = np.dtype(np.float16)
 COMPILED = {np.dtype(t) for t in ("float16", "float32", "float64", "int8", "int16", "int32",
                                   "int64", "uint8", "uint16", "uint32", "uint64")}
@@ -93,41 +92,52 @@ def small_agreed(node, call, src, dst, values, board):
     half = dst.dtype == _F16
     rows = node.rows(offset, dst.size, np.uint16 if half else dst.dtype)
     step = _small.agreed_step_half if half else _small.agreed_step
-    return _small_agreed_step(node, call, src, dst, values, board, step, target, rows, headers)
+    return _small_folded(SmallCall(node, board, step, target, rows, headers, board.take()),
+                         call, src, dst, values)
 
 
-def _small_agreed_step(node, call, src, dst, values, board, step, target, rows, headers):
+class SmallCall(NamedTuple):
+    """A call of the small path's folded step: what its compiled step is given besides the
+    call's own facts and buffers, and what the Python after it needs."""
+
+    node: object              # the slots (``node.group`` syncs them)
+    board: object             # the agreement board (``SharedMax``)
+    step: Callable            # ``_small.agreed_step`` or its two-byte-float twin
+    target: int               # the sync's barrier target
+    rows: np.ndarray          # the region's slot rows
+    headers: np.ndarray       # the call's header set
+    rows_board: np.ndarray    # the board's rows this call posts its agreement row into
+
+
+def _small_folded(s: SmallCall, call, src, dst, values):
     """:func:`small_agreed` once its target, slot rows and header set are known."""
-    group = node.group
-    rows_board = board.take()
-    half = step is _small.agreed_step_half
+    group = s.node.group
+    half = s.step is _small.agreed_step_half
     data_src, data_dst = (src.view(np.uint16), dst.view(np.uint16)) if half else (src, dst)
-    verdict = step(group.barrier.words, group.rank, group.size, target, rows_board, values, rows,
-                   data_src, headers, call.number, call.fingerprint_words, data_dst,
-                   call.fingerprint[FP_OP])
-    return _small_after(node, call, src, dst, values, board, step, target, rows, headers,
-                        rows_board, verdict)
+    verdict = s.step(group.barrier.words, group.rank, group.size, s.target, s.rows_board, values,
+                     s.rows, data_src, s.headers, call.number, call.fingerprint_words, data_dst,
+                     call.fingerprint[FP_OP])
+    return _small_after(s, call, src, dst, values, verdict)
 
 
-def _small_after(node, call, src, dst, values, board, step, target, rows, headers, rows_board,
-                 verdict):
+def _small_after(s: SmallCall, call, src, dst, values, verdict):
     """What follows the folded step's compiled call: done, a slow rank, a disagreement,
     a rank that went the longer way, or headers that differ."""
-    group = node.group
+    node, group = s.node, s.node.group
     if verdict == _small.DONE:
         node.begin(dst.nbytes)
         return True
-    half = step is _small.agreed_step_half
+    half = s.step is _small.agreed_step_half
     data_dst = dst.view(np.uint16) if half else dst
     op = call.fingerprint[FP_OP]
     if verdict == _small.LATE:
-        group.barrier.wait(target)  # a slow rank: wait on with the deadline
-        verdict = _small.rows_verdict(rows_board, values, group.size)
+        group.barrier.wait(s.target)  # a slow rank: wait on with the deadline
+        verdict = _small.rows_verdict(s.rows_board, values, group.size)
         if verdict == _small.DONE:
             reduce = _small.reduce_half if half else _small.reduce
-            verdict = reduce(headers, group.rank, group.size, rows, data_dst, op)
+            verdict = reduce(s.headers, group.rank, group.size, s.rows, data_dst, op)
     if verdict == _small.DISAGREE:
-        board.fold(rows_board, values)
+        s.board.fold(s.rows_board, values)
         return False
     if verdict == _small.UNFOLDED:
         # A rank agreed through the board alone and posts its data before its
@@ -135,7 +145,7 @@ def _small_after(node, call, src, dst, values, board, step, target, rows, header
         small_data(node, call, src, dst)
         return True
     if verdict == _small.HEADERS_DIFFER:
-        group.check(call, headers)  # raises, naming who is in which call
+        group.check(call, s.headers)  # raises, naming who is in which call
     node.begin(dst.nbytes)
     return True
 
@@ -236,7 +246,8 @@ def mid_agreed(state, call, src, dst, values, board):
     # still agrees on the parity.
     offset = node.parity * (node.capacity // 2)
     args = _mid_args(node, call, offset, src, dst, headers, headers)
-    return _mid_agreed_step(node, call, dst.nbytes, values, board, first, second, args, headers)
+    return _mid_folded(MidCall(node, board, dst.nbytes, first, second, args, headers,
+                               board.take()), call, values)
 
 
 def _mid_agreed_runs(state, call, dst, board):
@@ -246,30 +257,42 @@ def _mid_agreed_runs(state, call, dst, board):
             and getattr(board, "group", None) is node.group)
 
 
-def _mid_agreed_step(node, call, nbytes, values, board, first, second, args, headers):
+class MidCall(NamedTuple):
+    """A call of the sliced path's folded step: what its compiled step is given besides the
+    call's agreement vector, and what the Python after it needs."""
+
+    node: object              # the slots (``node.group`` syncs them)
+    board: object             # the agreement board (``SharedMax``)
+    nbytes: int               # the call's bytes per rank
+    first: int                # the barrier target of the first sync
+    second: int               # and of the second
+    args: Tuple               # :func:`._mid.step`'s arguments after the targets
+    headers: np.ndarray       # the call's header set
+    rows: np.ndarray          # the board's rows this call posts its agreement row into
+
+
+def _mid_folded(m: MidCall, call, values):
     """:func:`mid_agreed` once its targets and :func:`._mid.step`'s arguments are known."""
-    group = node.group
-    rows = board.take()
-    verdict, phase = _mid.agreed_step(group.barrier.words, group.rank, group.size, first, second,
-                                      rows, values, *args, 0)
-    return _mid_after(node, call, nbytes, values, board, first, second, args, headers, rows,
-                      verdict, phase)
+    group = m.node.group
+    verdict, phase = _mid.agreed_step(group.barrier.words, group.rank, group.size, m.first,
+                                      m.second, m.rows, values, *m.args, 0)
+    return _mid_after(m, call, values, verdict, phase)
 
 
-def _mid_after(node, call, nbytes, values, board, first, second, args, headers, rows, verdict,
-               phase):
+def _mid_after(m: MidCall, call, values, verdict, phase):
     """What follows :func:`._mid.agreed_step`: done, a slow rank, a disagreement, a rank
     that went the longer way, or headers that differ."""
+    node, first, second, args, headers = m.node, m.first, m.second, m.args, m.headers
     group = node.group
     words = group.barrier.words
     late = verdict == _mid.LATE and phase == 1  # before the rows were compared
     if late:
         group.barrier.wait(first)  # a slow rank: wait on with the deadline
-        verdict = _small.rows_verdict(rows, values, group.size)
+        verdict = _small.rows_verdict(m.rows, values, group.size)
     if verdict == _mid.DISAGREE:
-        board.fold(rows, values)
+        m.board.fold(m.rows, values)
         return False
-    node.begin(nbytes)  # the call proceeds: its region is taken
+    node.begin(m.nbytes)  # the call proceeds: its region is taken
     if verdict == _mid.UNFOLDED:
         # A rank agreed through the board alone: it copies in before its next
         # sync, the second target here.  Follow its steps from the copy-in
@@ -392,8 +415,9 @@ class RepeatedSmall(_Repeated):
         if node is None or node.segment is not self.segment:
             return self._again(ctx, call, values, src, dst)
         target, headers = _folded_step(node.group, call)
-        return _small_agreed_step(node, call, src, dst, values, self.board, self.step, target,
-                                  self.views[node.parity], headers)
+        return _small_folded(SmallCall(node, self.board, self.step, target,
+                                       self.views[node.parity], headers, self.board.take()),
+                             call, src, dst, values)
 
     def fast(self, number, plan, src, dst):
         """The call numbered ``number`` as one compiled step and its bookkeeping; None once
@@ -412,8 +436,9 @@ class RepeatedSmall(_Repeated):
         if verdict == _small.DONE:
             node.begin(self.nbytes)
             return None
-        return functools.partial(self._rest, target, self.views[parity], group.headers[side],
-                                 group.boards[board_side], verdict)
+        return functools.partial(self._rest, SmallCall(
+            node, self.board, self.step, target, self.views[parity], group.headers[side],
+            group.boards[board_side]), verdict)
 
     def _prepare(self, plan):
         """The control words of :func:`._small.prepared_step` for ``plan``."""
@@ -427,87 +452,8 @@ class RepeatedSmall(_Repeated):
         ctl[_small.OP] = plan.fingerprint[FP_OP]
         return ctl
 
-    def _rest(self, target, rows, headers, board, verdict, ctx, call, values, src, dst):
-        return _small_after(self.node, call, src, dst, values, self.board, self.step, target,
-                            rows, headers, board, verdict)
-
-
-class Stores:
-    """Which stores a rank's repeated sliced call copies its input in with, chosen
-    while it runs: plain ones (0) or non-temporal ones (1, past this core's cache).
-
-    A machine can be in a state where a core reading lines from another
-    core's cache is several times slower than usual (docs/results/entry.md).
-    Then stores that go to memory make the readers faster; otherwise they are
-    slower (docs/results/stores.md).  No fixed choice fits both, and the
-    state changes from launch to launch, so each rank times some of its own
-    calls of one shape (the same calls on every rank, as every rank makes
-    the same calls): the first ``PROBE`` alternate the two kinds, then one
-    call in 8 (``mask``) is timed, and one in ``SAMPLE`` (``RARELY`` where
-    the other kind is clearly slower) takes the kind not in use.  Each
-    kind's time is the median of its last three timed calls, and the kind
-    in use changes when the other's is below ``SWITCH`` of its own.  The
-    bytes in the slot are the same either way, so ranks that choose
-    differently still compute the same result
-    (docs/results/stores.md).
-
-    A call takes its kind from :meth:`next` and reports a timed one to
-    :meth:`took`.  ``shm``'s slot path above 1 MiB keeps one per size for its
-    copy-in and the writes of its slice into the slot (``allreduce.py``).
-    """
-
-    PROBE, SAMPLE, SWITCH = 8, 32, 0.85
-    # Where the kind not in use took 1.25x as long or more, it is tried 4x less
-    # often: each try costs that much (docs/results/stores.md).
-    CLEAR, RARELY = 1.25, 128
-    __slots__ = ("calls", "mask", "using", "recent", "median", "sample", "every")
-
-    def __init__(self, chooses=True, fixed=0, every=8):
-        """``chooses``: False where this rank's waits sleep (its node's ranks outnumber
-        their cores, or ``PYCOLLECTIVE_SHM_WAIT=sleep``): there a call's time is mostly
-        which rank the scheduler ran when, too noisy to choose from, and
-        the calls keep the ``fixed`` kind.  ``every``: once probed, one call in this
-        many is timed (a power of two; 1 where a call is long beside a clock read)."""
-        self.calls, self.using, self.sample = 0, 0 if chooses else fixed, self.SAMPLE
-        self.every = every
-        self.mask = 0 if chooses else -1  # -1: no call is timed
-        self.recent, self.median = ([], []), [0.0, 0.0]
-
-    def next(self):
-        """Count a call; (its kind, its start time if it is timed, else 0.0).  A timed
-        call reports with :meth:`took`."""
-        self.calls += 1
-        if self.calls & self.mask or FORCE_STORES is not None:
-            return (self.using if FORCE_STORES is None else FORCE_STORES), 0.0
-        return self.kind(), time.perf_counter()
-
-    def kind(self):
-        """The kind for this (timed) call, the ``calls``-th."""
-        calls = self.calls
-        if calls <= self.PROBE:
-            return calls & 1
-        return self.using ^ (calls % self.sample == 0)
-
-    def took(self, kind, seconds):
-        """Record a timed call; switch kinds where the other is clearly faster.  The
-        median of the last three: a first call that compiled, or one the machine
-        stalled, does not count, and a change of state shows after two samples."""
-        recent = self.recent[kind]
-        recent.append(seconds)
-        if len(recent) > 3:
-            del recent[0]
-            a, b, c = recent
-            self.median[kind] = a + b + c - max(a, b, c) - min(a, b, c)
-        else:
-            self.median[kind] = max(recent)
-        if self.calls < self.PROBE:
-            return
-        self.mask = self.every - 1
-        using = self.using
-        mine, other = self.median[using], self.median[1 - using]
-        if 0.0 < other < self.SWITCH * mine:
-            self.using, mine, other = 1 - using, other, mine
-        self.sample = self.RARELY if other >= self.CLEAR * mine else self.SAMPLE
+    def _rest(self, s, verdict, ctx, call, values, src, dst):
+        return _small_after(s, call, src, dst, values, verdict)
 
 
 class RepeatedMid(_Repeated):
@@ -537,8 +483,8 @@ class RepeatedMid(_Repeated):
         args = _mid_call_args(self.views[node.parity], self.bounds, self.half, call.number,
                               call.fingerprint_words, call.fingerprint[FP_OP], src, dst, headers,
                               headers)
-        return _mid_agreed_step(node, call, self.nbytes, values, self.board, first, second,
-                                args, headers)
+        return _mid_folded(MidCall(node, self.board, self.nbytes, first, second, args, headers,
+                                   self.board.take()), call, values)
 
     def fast(self, number, plan, src, dst):
         """:meth:`RepeatedSmall.fast` for the sliced path."""
@@ -562,8 +508,9 @@ class RepeatedMid(_Repeated):
         headers = group.headers[side]
         args = _mid_call_args(self.views[parity], self.bounds, self.half, number, plan.words,
                               plan.fingerprint[FP_OP], src, dst, headers, headers)
-        return functools.partial(self._rest, first, args, headers, group.boards[board_side],
-                                 verdict, phase)
+        return functools.partial(self._rest, MidCall(
+            node, self.board, self.nbytes, first, first + 1, args, headers,
+            group.boards[board_side]), verdict, phase)
 
     def _prepare(self, plan):
         """The control words of :func:`._mid.prepared_step` for ``plan``."""
@@ -575,9 +522,8 @@ class RepeatedMid(_Repeated):
         ctl[_small.OP] = plan.fingerprint[FP_OP] + (_mid.HALF if self.half else 0)
         return ctl
 
-    def _rest(self, first, args, headers, rows, verdict, phase, ctx, call, values, src, dst):
-        return _mid_after(self.node, call, self.nbytes, values, self.board, first, first + 1,
-                          args, headers, rows, verdict, phase)
+    def _rest(self, m, verdict, phase, ctx, call, values, src, dst):
+        return _mid_after(m, call, values, verdict, phase)
 
 
 def repeated(ctx, dst, kernel, board, key, fallback):

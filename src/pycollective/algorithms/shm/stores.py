@@ -1,0 +1,88 @@
+"""Which stores the repeated sliced calls of ``shm`` copy their input in with: plain or
+non-temporal, chosen while they run (:class:`Stores`)."""
+
+import time
+
+__all__ = ["Stores", "FORCE_STORES"]
+
+# 0 or 1: every repeated sliced call copies in with that kind of stores (see Stores);
+# None: each chooses while running.  For benchmarks and tests.
+FORCE_STORES = None
+
+
+class Stores:
+    """Which stores a rank's repeated sliced call copies its input in with, chosen
+    while it runs: plain ones (0) or non-temporal ones (1, past this core's cache).
+
+    A machine can be in a state where a core reading lines from another
+    core's cache is several times slower than usual (docs/results/entry.md).
+    Then stores that go to memory make the readers faster; otherwise they are
+    slower (docs/results/stores.md).  No fixed choice fits both, and the
+    state changes from launch to launch, so each rank times some of its own
+    calls of one shape (the same calls on every rank, as every rank makes
+    the same calls): the first ``PROBE`` alternate the two kinds, then one
+    call in 8 (``mask``) is timed, and one in ``SAMPLE`` (``RARELY`` where
+    the other kind is clearly slower) takes the kind not in use.  Each
+    kind's time is the median of its last three timed calls, and the kind
+    in use changes when the other's is below ``SWITCH`` of its own.  The
+    bytes in the slot are the same either way, so ranks that choose
+    differently still compute the same result
+    (docs/results/stores.md).
+
+    A call takes its kind from :meth:`next` and reports a timed one to
+    :meth:`took`.  ``shm``'s slot path above 1 MiB keeps one per size for its
+    copy-in and the writes of its slice into the slot (``allreduce.py``).
+    """
+
+    PROBE, SAMPLE, SWITCH = 8, 32, 0.85
+    # Where the kind not in use took 1.25x as long or more, it is tried 4x less
+    # often: each try costs that much (docs/results/stores.md).
+    CLEAR, RARELY = 1.25, 128
+    __slots__ = ("calls", "mask", "using", "recent", "median", "sample", "every")
+
+    def __init__(self, chooses=True, fixed=0, every=8):
+        """``chooses``: False where this rank's waits sleep (its node's ranks outnumber
+        their cores, or ``PYCOLLECTIVE_SHM_WAIT=sleep``): there a call's time is mostly
+        which rank the scheduler ran when, too noisy to choose from, and
+        the calls keep the ``fixed`` kind.  ``every``: once probed, one call in this
+        many is timed (a power of two; 1 where a call is long beside a clock read)."""
+        self.calls, self.using, self.sample = 0, 0 if chooses else fixed, self.SAMPLE
+        self.every = every
+        self.mask = 0 if chooses else -1  # -1: no call is timed
+        self.recent, self.median = ([], []), [0.0, 0.0]
+
+    def next(self):
+        """Count a call; (its kind, its start time if it is timed, else 0.0).  A timed
+        call reports with :meth:`took`."""
+        self.calls += 1
+        if self.calls & self.mask or FORCE_STORES is not None:
+            return (self.using if FORCE_STORES is None else FORCE_STORES), 0.0
+        return self.kind(), time.perf_counter()
+
+    def kind(self):
+        """The kind for this (timed) call, the ``calls``-th."""
+        calls = self.calls
+        if calls <= self.PROBE:
+            return calls & 1
+        return self.using ^ (calls % self.sample == 0)
+
+    def took(self, kind, seconds):
+        """Record a timed call; switch kinds where the other is clearly faster.  The
+        median of the last three: a first call that compiled, or one the machine
+        stalled, does not count, and a change of state shows after two samples."""
+        recent = self.recent[kind]
+        recent.append(seconds)
+        if len(recent) > 3:
+            del recent[0]
+            a, b, c = recent
+            self.median[kind] = a + b + c - max(a, b, c) - min(a, b, c)
+        else:
+            self.median[kind] = max(recent)
+        if self.calls < self.PROBE:
+            return
+        self.mask = self.every - 1
+        using = self.using
+        mine, other = self.median[using], self.median[1 - using]
+        if 0.0 < other < self.SWITCH * mine:
+            self.using, mine, other = 1 - using, other, mine
+        self.sample = self.RARELY if other >= self.CLEAR * mine else self.SAMPLE
