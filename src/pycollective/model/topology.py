@@ -68,7 +68,8 @@ class Layout(NamedTuple):
         if self.cores:
             cores = sorted(set(self.cores))
             where += f", {cores[0] if len(cores) == 1 else cores} usable cores per node"
-            where += f", {self.ranks_per_core:.3g} ranks per core"
+            rpc = self.ranks_per_core
+            where += f", {rpc:.3g} rank{'' if rpc == 1 else 's'} per core"
         return where
 
 
