@@ -149,7 +149,11 @@ def measure(args):
             t = statistics.median(_calls(sub, call, reps) + [probe_call])
             times[name] = {"median": t}
             best = min(best, t)
-        best_name = min((a for a in times if "median" in times[a]), key=lambda a: times[a]["median"])
+        timed = [a for a in times if "median" in times[a]]
+        if not timed:  # the budget ran out before any algorithm was timed at this count
+            rows.append({"count": count, "measured": False})
+            continue
+        best_name = min(timed, key=lambda a: times[a]["median"])
         # the best, named, from the first call of a shape it has not run (see the docstring)
         x1 = (np.arange(count + 1, dtype=np.float32) % 7) + rank
         out1 = np.empty_like(x1)
