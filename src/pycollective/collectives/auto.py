@@ -184,7 +184,7 @@ class AutoState:
         self.decisions: Dict[tuple, Decision] = {}
         self.tuners: Dict[tuple, Tuner] = {}
         self._times: Dict[tuple, list] = {}  # this rank's times of the round under way
-        self._prepared: Dict[tuple, dict] = {}  # key -> {name: (shape, prepared run)} in trials
+        self._prepared: Dict[tuple, dict] = {}  # key -> {(name, agreement): prepared run}
         self._saving = path is not None
         for entry in (kept or {}).values():
             if entry["nranks"] == size and tuple(entry["nodes"]) == self.layout.nodes:
@@ -260,13 +260,13 @@ class AutoState:
             call = _watch.current()
             agreement = needs_agreement(call.settings, algo)
             values = fact_values(ctx.rank, None, (), call.number) if agreement else None
+            # (the key fixes dtype and op, the tuner the count; set_check may change the rest)
             runs = self._prepared.setdefault(key, {})
-            run = runs.get(algo.name)
-            if run is None or run[0] != (dst.size, dst.dtype, kernel, agreement):
-                run = runs[algo.name] = ((dst.size, dst.dtype, kernel, agreement),
-                                         prepared(ctx, algo, kernel, dst, agreement))
+            run = runs.get((algo.name, agreement))
+            if run is None:
+                run = runs[algo.name, agreement] = prepared(ctx, algo, kernel, dst, agreement)
             start = time.perf_counter()
-            if not run[1](ctx, call, values, src, dst):
+            if not run(ctx, call, values, src, dst):
                 verdict(ctx, "allreduce", None, (), values)
                 raise CollectiveMismatch(
                     f"{call.title()}: the ranks disagree in auto's timed trial of "

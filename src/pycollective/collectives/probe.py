@@ -26,7 +26,7 @@ ranks measure, at once and as they run inside an allreduce:
   is β as the algorithms pay it on large vectors (copies, kernel passes,
   the MPI library's own transfer), when that is more than the bare ring's;
 * and the shared-memory algorithm itself: ``allreduce(algorithm="shm")``
-  of 4 KiB, 64 KiB, 1 MiB and 8 MiB per rank on a duplicate of the
+  of 8 B, 4 KiB, 64 KiB, 1 MiB and 8 MiB per rank on a duplicate of the
   communicator, as a program's repeated calls run it (the library's Python,
   the agreement folded into its first sync, its compiled steps and syncs).
   No α-β-γ formula prices what it does (it moves data at memory speed and
@@ -72,7 +72,7 @@ SMALL, MID, LARGE = 8, 64 << 10, 4 << 20      # bytes of the ring messages
 KERNEL_IN, KERNEL_OUT = 64 << 10, 8 << 20     # bytes reduced: in a core's cache, from memory
 _REPS = 3                                     # repetitions; the minimum counts
 SHM_SIZES = (8, 4 << 10, 64 << 10, 1 << 20, 8 << 20)  # bytes per rank of the timed shm calls
-_SHM_WARM = 3                                 # untimed shm calls of each size first
+_WARM = 3                                     # untimed library calls of each size first
 _LIBRARY_REPS = 5                             # timed library calls of each size
 _SMALL_STEPS = 8                              # exchanges per repetition of the small message
 
@@ -166,28 +166,31 @@ _FIELDS = ("t_small", "t_mid", "t_large", "g32_in", "g32_out", "g64_in", "g64_ou
 
 
 def _library_times(comm, shm):
-    """This rank's times of the library's own calls (float32 sum, each call after a
+    """``(fields, times)``: this rank's times of the library's own calls (float32 sum, each call after a
     Barrier, _LIBRARY_REPS of each) on a duplicate of ``comm`` (collective):
     ``allreduce(algorithm="ring")`` of 8 bytes and of LARGE, then, if ``shm``,
     ``allreduce(algorithm="shm")`` at each of SHM_SIZES.  :func:`measure` takes each
-    call's slowest rank, then the median of the calls, as a program sees its calls.
+    call's slowest rank, then the median of each field's calls, as a program sees its calls.
 
     A duplicate, because this runs inside the first automatic call on ``comm`` (its calls
-    nest in that one, see ``runtime.watch.begin``).  The first _SHM_WARM calls of each size
+    nest in that one, see ``runtime.watch.begin``).  The first _WARM calls of each size
     are not timed: the first builds what the repeated calls use (slots, plan), the next
     load and prepare the repeated call's code, and each of them takes many times what the
     repeated calls after them take.  What the duplicate built goes with it.
     """
     if allreduce is None:
         raise RuntimeError("collectives.api was not imported: it hands the probe allreduce")
+    # (field, algorithm, bytes per rank, untimed calls first): the ring of LARGE loads no
+    # code of its own and is long, so it is warmed once
+    plan = [("ring_8", "ring", 8, _WARM), ("ring_large", "ring", LARGE, 1)] + [
+        (field, "shm", n, _WARM) for field, n in zip(_SHM_FIELDS, SHM_SIZES) if shm]
     dup = comm.Dup()
     times = []
     try:
-        for algorithm, nbytes in [("ring", 8), ("ring", LARGE)] + [
-                ("shm", n) for n in SHM_SIZES if shm]:
+        for _, algorithm, nbytes, warm in plan:
             x = np.ones(nbytes // 4, np.float32)
             y = np.empty_like(x)
-            for _ in range(1 if nbytes == LARGE and algorithm == "ring" else _SHM_WARM):
+            for _ in range(warm):
                 allreduce(x, y, comm=dup, algorithm=algorithm)
             for _ in range(_LIBRARY_REPS):
                 comm.Barrier()
@@ -197,15 +200,15 @@ def _library_times(comm, shm):
         # The agreement step as the calls above ran it (on one node a shared-memory board,
         # not an MPI_Allreduce): what every algorithm that does not fold it in pays per call.
         ctx, values = get_context(dup), np.zeros(8, np.int64)
-        for rep in range(_SHM_WARM + _LIBRARY_REPS):
+        for rep in range(_WARM + _LIBRARY_REPS):
             comm.Barrier()
             start = time.perf_counter()
             agree_max(ctx, values)
-            if rep >= _SHM_WARM:
+            if rep >= _WARM:
                 times.append(time.perf_counter() - start)
     finally:
         dup.Free()
-    return times
+    return [field for field, *_ in plan] + ["agree_library"], times
 
 
 def _local_measurements(comm, node, leaders, layout, shm):
@@ -233,8 +236,7 @@ def _local_measurements(comm, node, leaders, layout, shm):
     if leaders != MPI.COMM_NULL and leaders.Get_size() > 1:
         m["inter_small"] = _ring_time(leaders, SMALL, _SMALL_STEPS, _REPS)
         m["inter_large"] = _ring_time(leaders, LARGE, 1, _REPS)
-    calls = _library_times(comm, shm) if not layout.spans_nodes else []
-    return m, calls
+    return m, (_library_times(comm, shm) if not layout.spans_nodes else ([], []))
 
 
 def _fit(m, nranks, layout):
@@ -318,7 +320,7 @@ def measure(comm, layout, shm=False):
     node, _ = node_comm(comm)
     leaders = comm.Split(0 if node.Get_rank() == 0 else MPI.UNDEFINED, comm.Get_rank())
     try:
-        m, calls = _local_measurements(comm, node, leaders, layout, shm)
+        m, (timed, calls) = _local_measurements(comm, node, leaders, layout, shm)
     finally:
         node.Free()
         if leaders != MPI.COMM_NULL:
@@ -329,10 +331,7 @@ def measure(comm, layout, shm=False):
     agreed = dict(zip(_FIELDS, values[:len(_FIELDS)].tolist()))
     # each library call's slowest rank; the median of each size's calls
     slowest = values[len(_FIELDS):-1].reshape(-1, _LIBRARY_REPS)
-    medians = np.median(slowest, axis=1).tolist()
-    agreed.update(zip(("ring_8", "ring_large") + _SHM_FIELDS[:len(medians) - 3], medians[:-1]))
-    if medians:
-        agreed["agree_library"] = medians[-1]
+    agreed.update(zip(timed, np.median(slowest, axis=1).tolist()))
     entry = _fit(agreed, comm.Get_size(), layout)
     entry["probe_seconds"] = float(values[-1])
     return entry, float(values[-1])
