@@ -34,6 +34,7 @@ from ._timing import calls_for_budget, rounds, slowest, timed_call
 from ._units import count_arg
 from ..algorithms.shm import allreduce as shm
 from ..algorithms.shm.common import cross_reduce
+from ..algorithms.shm.ways import Way
 from ._args import add_data_options, check_exact, positive_int
 from ._cli import command
 from ._report import t_us
@@ -303,7 +304,6 @@ def breakdown(args, session):
         expected = np.empty_like(src)
         dst = np.empty_like(src)
         comm.Allreduce(src, expected, op=MPI_OPS[args.op])
-        single = state.cross is not None and dst.nbytes > shm.SINGLE_COPY_BYTES
 
         def native():
             comm.Allreduce(src, dst, op=MPI_OPS[args.op])
@@ -311,7 +311,8 @@ def breakdown(args, session):
         def whole():
             _api.allreduce(src, dst, args.op, comm=comm, algorithm="shm")
 
-        whole()
+        for _ in range(Way.LAST_TRIAL):  # above 1 MiB the size's first calls try both ways
+            whole()
         contenders = {"native": native, "shm": whole}
         if args.waits:
             barrier = state.node.group.barrier
@@ -324,6 +325,7 @@ def breakdown(args, session):
             if args.waits:  # after rounds()' Allreduce: no rank waits on the node
                 barrier.set_sleep(*chosen)
         whole()
+        single = state.single_copy(dst.nbytes)  # the way the calls above took (chose)
         wrong = comm.allreduce(compare(dst, expected)[0], op=MPI.SUM)
         base = dict(nranks=nranks, count=count, dtype=dtype.name)
         for name, times in calls.items():

@@ -57,7 +57,7 @@ from mpi4py import MPI
 
 from ..runtime import env as _env, registry as _registry
 from ..runtime.root import bcast_from_root
-from ..node.group import node_comm
+from ..node.group import DOUBLE_LIMIT, node_comm
 from ..data import kernels as _kernels
 from ..data.kernels import get_kernel
 from ..model.params import BUILTIN, DEFAULTS, ANY_DTYPE, load_params, write_json
@@ -73,6 +73,8 @@ KERNEL_IN, KERNEL_OUT = 64 << 10, 8 << 20     # bytes reduced: in a core's cache
 _REPS = 3                                     # repetitions; the minimum counts
 SHM_SIZES = (8, 4 << 10, 64 << 10, 1 << 20, 8 << 20)  # bytes per rank of the timed shm calls
 _WARM = 3                                     # untimed library calls of each size first
+_WARM_SMALL = 12                              # ... of each size up to MID (they settle later)
+_WARM_WAYS = 10                               # ... of shm above 1 MiB: its ways' trial calls
 _LIBRARY_REPS = 5                             # timed library calls of each size
 _SMALL_STEPS = 8                              # exchanges per repetition of the small message
 
@@ -173,17 +175,24 @@ def _library_times(comm, shm):
     call's slowest rank, then the median of each field's calls, as a program sees its calls.
 
     A duplicate, because this runs inside the first automatic call on ``comm`` (its calls
-    nest in that one, see ``runtime.watch.begin``).  The first _WARM calls of each size
-    are not timed: the first builds what the repeated calls use (slots, plan), the next
+    nest in that one, see ``runtime.watch.begin``).  The first calls of each size (_WARM,
+    _WARM_SMALL up to MID bytes) are not timed: the first builds what the repeated calls use (slots, plan), the next
     load and prepare the repeated call's code, and each of them takes many times what the
     repeated calls after them take.  What the duplicate built goes with it.
     """
     if allreduce is None:
         raise RuntimeError("collectives.api was not imported: it hands the probe allreduce")
     # (field, algorithm, bytes per rank, untimed calls first): the ring of LARGE loads no
-    # code of its own and is long, so it is warmed once
-    plan = [("ring_8", "ring", 8, _WARM), ("ring_large", "ring", LARGE, 1)] + [
-        (field, "shm", n, _WARM) for field, n in zip(_SHM_FIELDS, SHM_SIZES) if shm]
+    # code of its own and is long, so it is warmed once; a small call takes a dozen calls
+    # to settle at its repeated time (1.5-2x of it before: branch history, the cache lines
+    # of the Python around it), and a dozen of them cost less than one large call
+    def warm(nbytes):
+        return _WARM_SMALL if nbytes <= MID else _WARM
+    # above 1 MiB shm's first calls of a size time its two ways and the ranks settle on
+    # one (algorithms/shm/ways.py, Way.LAST_TRIAL): the calls timed here come after them
+    plan = [("ring_8", "ring", 8, warm(8)), ("ring_large", "ring", LARGE, 1)] + [
+        (field, "shm", n, _WARM_WAYS if n > DOUBLE_LIMIT else warm(n))
+        for field, n in zip(_SHM_FIELDS, SHM_SIZES) if shm]
     dup = comm.Dup()
     times = []
     try:
@@ -200,11 +209,11 @@ def _library_times(comm, shm):
         # The agreement step as the calls above ran it (on one node a shared-memory board,
         # not an MPI_Allreduce): what every algorithm that does not fold it in pays per call.
         ctx, values = get_context(dup), np.zeros(8, np.int64)
-        for rep in range(_WARM + _LIBRARY_REPS):
+        for rep in range(_WARM_SMALL + _LIBRARY_REPS):
             comm.Barrier()
             start = time.perf_counter()
             agree_max(ctx, values)
-            if rep >= _WARM:
+            if rep >= _WARM_SMALL:
                 times.append(time.perf_counter() - start)
     finally:
         dup.Free()

@@ -254,6 +254,16 @@ class NodeGroup:
         self.sync()  # nobody writes its flag again before everyone read them all
         return result
 
+    def max_of(self, values):
+        """``values`` (at most 8 int64) replaced by their element-wise max over the group's
+        ranks, the same on every rank (collective over the group; a rare step, as
+        :meth:`all_ok`, which shares its rows)."""
+        k = values.size
+        self.ok[self.rank, :k] = values
+        self.sync()
+        np.max(self.ok[:, :k], axis=0, out=values)
+        self.sync()  # nobody writes its row again before everyone read them all
+
     def new_segment(self, nbytes):
         """A data segment shared by the group (collective over the group)."""
         return Segment.share(nbytes, self.rank, self._bcast, self.all_ok)

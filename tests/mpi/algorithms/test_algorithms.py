@@ -180,15 +180,20 @@ def test_shm_many_small_calls_back_to_back():
 def test_shm_large_paths(cma, monkeypatch):
     """Above 1 MiB: the slots' whole-slot path (cma=0, and with cma=1 up to
     shm.SINGLE_COPY_BYTES) and, above that, single-copy reads of the others'
-    buffers (cma=1, where the system allows it); in place included, where a
+    buffers (cma=1, where the system allows it; where every rank has a core, each
+    size's second call takes the other way, see shm.ways); in place included, where a
     rank >= 2 must not overwrite its own operand before reading it."""
     world = MPI.COMM_WORLD
     failures = []
-    single = []  # the sizes of the calls that took the single copy
-    original = shm.cma_allreduce_on
+    calls = []  # (bytes, 1 if it took the single copy else 0) of each call above 1 MiB
+    sizes = []
+    slots, single_copy = shm.shm_allreduce_on, shm.cma_allreduce_on
+    monkeypatch.setattr(shm, "shm_allreduce_on",
+                        lambda node, src, dst, *a: calls.append((dst.nbytes, 0))
+                        or slots(node, src, dst, *a))
     monkeypatch.setattr(shm, "cma_allreduce_on",
-                        lambda cross, src, dst, kernel, shared=None: single.append(dst.nbytes)
-                        or original(cross, src, dst, kernel, shared))
+                        lambda cross, src, dst, *a: calls.append((dst.nbytes, 1))
+                        or single_copy(cross, src, dst, *a))
     with _env(_env_settings.SHM_CMA.name, cma):
         comm = world.Dup()
         try:
@@ -197,11 +202,21 @@ def test_shm_large_paths(cma, monkeypatch):
                                      ("int32", "sum", 400_001), ("int64", "sum", 300_001),
                                      ("float64", "sum", 1_500_007)):
                 _check(comm, "shm", dtype, op, count, failures, f"cma={cma}")
+                sizes.append(count * np.dtype(dtype).itemsize)
             state = get_context(comm).peek(shm._STATE)
             if cma == "0":
                 assert state.cross is None
             large = {8 * 1_100_003, 8 * 1_500_007}  # the sizes above SINGLE_COPY_BYTES
-            assert set(single) == (large if state.cross is not None else set()), single
+            single = [nbytes for nbytes, way in calls if way]
+            if state.cross is None:
+                assert single == [], calls
+            elif state.node.group.barrier.wakes:  # ranks outnumber cores: by size only
+                assert sorted(single) == sorted(2 * list(large)), calls
+            else:
+                # each size's first call (of two, out of and in place) takes the single copy
+                # above SINGLE_COPY_BYTES, the slots below; the second the other (shm.ways)
+                assert calls == [(n, int(n in large) ^ second) for n in sizes
+                                 for second in (0, 1)], calls
         finally:
             comm.Free()
     assert not failures, f"{len(failures)} failures: " + "; ".join(failures[:5])

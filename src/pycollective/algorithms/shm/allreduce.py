@@ -6,8 +6,9 @@ it combines slice i of all N inputs, operands in rank order 0..N-1, and
 every rank then copies the other slices of the result.  No data travel in
 point-to-point messages; there are two ways to reach the others' memory.
 
-Single copy (messages above ``SINGLE_COPY_BYTES`` = 8 MiB, where the system
-allows it): each rank publishes the addresses and size of its ``src`` and
+Single copy (messages above 1 MiB where the system allows it and a size's
+timed calls chose it where every rank has a core, see :mod:`.ways`; above
+``SINGLE_COPY_BYTES`` = 8 MiB where ranks outnumber cores): each rank publishes the addresses and size of its ``src`` and
 ``dst`` in its header of the node's control segment; sync; rank i reads
 slice i of every other rank's ``src`` with ``process_vm_readv`` (Linux
 cross-memory attach), block by block and peer by peer, each block just
@@ -105,6 +106,8 @@ node a transfer *is* a memory copy), and the reduction of f·M·s bytes at γ:
 import math
 import time
 
+import numpy as np
+
 from ...node import cma as _cma, arrays as _arrays
 from ...runtime import env as _env, watch as _watch
 from ...runtime.context import Key
@@ -116,14 +119,19 @@ from ...node.group import (DOUBLE_LIMIT, SharedSlots, copy_in, copy_out, reduce_
 from ... import timeline as _timeline
 # Through the module, not its names: tests stand its gates aside by patching them.
 from . import mid as _mid
-from . import rsag_steps as _rsag_steps, steps as _steps, stores as _stores
+from . import rsag_steps as _rsag_steps, steps as _steps, stores as _stores, ways as _ways
 from .common import cross_reduce, reduce_range
 from .steps import REPLICATE_BYTES
-# Above this, single copy where the system allows it (else the slots): each
-# process_vm_readv pins the peer's pages one by one, which the slots beat up to
-# here (docs/results/fastway.md).  The other node collectives keep
+# Above this, single copy where the system allows it (else the slots), where ranks
+# outnumber cores: each process_vm_readv pins the peer's pages one by one, which the
+# slots beat up to here there (docs/results/fastway.md).  Where every rank has a core,
+# each size above DOUBLE_LIMIT times both ways and the ranks agree on one (ways.Way);
+# this is the way of its first call.  The other node collectives keep
 # common.CMA_BYTES: for them the two were about level.
 SINGLE_COPY_BYTES = 8 << 20
+# Up to this the ways are timed (above it: the single copy): the slots' trial calls grow
+# every rank's slot to the size, memory the node keeps.
+CHOOSE_BYTES = 16 << 20
 _SIZES_KEPT = 64  # sizes whose choice of stores a communicator keeps
 # From this size, where ranks outnumber cores, the slot path writes its slot
 # with non-temporal stores (``_ShmState.stores_for``): from here they were
@@ -248,7 +256,7 @@ class _ShmState:
     def __init__(self, ctx):
         group = whole_node(ctx)
         self.node = self.cross = None
-        self.stores = {}
+        self.stores, self.ways = {}, {}
         if group is None:
             # Every rank sees its node smaller than the communicator, so every
             # rank takes this branch: the reason is the same everywhere.
@@ -290,6 +298,34 @@ class _ShmState:
                 chooses=not sleeps, fixed=int(nbytes >= STREAM_BYTES), every=1)
         return stores
 
+    def way_for(self, nbytes):
+        """The :class:`~pycollective.algorithms.shm.ways.Way` of calls of ``nbytes`` above
+        ``DOUBLE_LIMIT`` where the single copy is allowed (None elsewhere: the slots).
+
+        It chooses by timing up to ``CHOOSE_BYTES`` where every rank of the node
+        has a core: ``wakes`` is false on every rank then, and true on every
+        rank where any rank's waits sleep, so every rank makes the same choice
+        of choosing.
+        """
+        if self.cross is None or nbytes <= DOUBLE_LIMIT:
+            return None
+        way = self.ways.get(nbytes)
+        if way is None:
+            if len(self.ways) >= _SIZES_KEPT:  # a sweep over sizes: start afresh (every rank)
+                self.ways.clear()
+            chooses = not self.node.group.barrier.wakes and nbytes <= CHOOSE_BYTES
+            way = self.ways[nbytes] = _ways.Way(int(nbytes > SINGLE_COPY_BYTES), chooses)
+        return way
+
+    def single_copy(self, nbytes):
+        """Whether calls of ``nbytes`` take the single copy now (asks, counts no call)."""
+        way = self.way_for(nbytes)
+        if way is None:
+            return False
+        if _ways.FORCE_WAY is not None:
+            return _ways.FORCE_WAY == _ways.SINGLE
+        return bool(way.fixed if way.decided is None else way.decided)
+
     def free(self):
         if self.node is not None:
             if self.cross is not None:
@@ -317,8 +353,9 @@ def shm_allreduce(ctx, src, dst, kernel):
     if state.error is not None:
         raise ConfigurationError(state.error)
     call = _watch.current()
-    if state.cross is not None and dst.nbytes > SINGLE_COPY_BYTES:
-        cma_allreduce_on(state.cross, src, dst, kernel, _arrays.registry_of(state.node.group, ctx))
+    way = state.way_for(dst.nbytes)
+    if way is not None:
+        _large(state, way, ctx, src, dst, kernel)
     elif _steps.compiled(state, call, dst):
         if _timeline.ACTIVE is not None:  # timeline hook: the compiled step (ended after it)
             _timeline.ACTIVE.open("compiled step", "step")
@@ -334,6 +371,21 @@ def shm_allreduce(ctx, src, dst, kernel):
     else:
         shm_allreduce_on(state.node, src, dst, kernel, _arrays.registry_of(state.node.group, ctx),
                          state.stores_for(dst.nbytes))
+
+
+def _large(state, way, ctx, src, dst, kernel):
+    """A call above ``DOUBLE_LIMIT`` where the single copy is allowed: the way ``way`` says,
+    timed while it chooses; after its last trial every rank agrees on the way."""
+    shared = _arrays.registry_of(state.node.group, ctx)
+    single, started = way.next()
+    if single:
+        cma_allreduce_on(state.cross, src, dst, kernel, shared)
+    else:
+        shm_allreduce_on(state.node, src, dst, kernel, shared, state.stores_for(dst.nbytes))
+    if started and way.took(single, time.perf_counter() - started):
+        slowest = np.array(way.times(), np.int64)
+        state.node.group.max_of(slowest)
+        way.decide(slowest.tolist())
 
 
 def shm_agreed(ctx, src, dst, kernel, values, board):
