@@ -32,9 +32,13 @@ rank, ``[2^(k-1), 2^k)`` -- a :class:`Tuner`:
   call builds its state (windows, sub-communicators) and its second may
   still load compiled code, which once dropped the fastest candidate
   (docs/results/fold.md);
-* after the second timed round drops the candidates slower than
+* once every candidate has two timed calls (after the first timed round
+  of bursts, the second of single calls) drops the candidates slower than
   :data:`PRUNE` times the best so far (their best time against the best
-  time), and stops when one is left or after its timed rounds:
+  time; the model's first only from the second timed round on, so that
+  one burst slowed by another process cannot drop it: trials of short
+  calls cost the first calls of a shape 1.5-2x, docs/results/auto-score.md),
+  and stops when one is left or after its timed rounds:
   :data:`MIN_ROUNDS` for calls the model predicts to take more than
   :data:`SHORT_CALL` seconds, up to :data:`MAX_ROUNDS` for shorter ones,
   whose timings are noisier and whose trials cost almost nothing (half as
@@ -244,9 +248,14 @@ class Tuner:
             if self.round > WARMUP:
                 self.samples[name].extend(burst[b // 2:])  # the calls after the switch settled
         timed = self.round - WARMUP
-        if timed >= 2 and len(self.alive) > 1:
+        # prune once each candidate has two timed calls (a burst's second half per round),
+        # but the model's first only from the second timed round: one burst that another
+        # process slowed must not drop what the model and the rounds after might keep
+        if timed * (b - b // 2) >= 2 and len(self.alive) > 1:
             best = min(min(self.samples[n]) for n in self.alive)
-            self.alive = [n for n in self.alive if min(self.samples[n]) <= PRUNE * best]
+            first = next(iter(self.predicted)) if timed < 2 else None
+            self.alive = [n for n in self.alive
+                          if n == first or min(self.samples[n]) <= PRUNE * best]
         if timed >= self.rounds or (timed >= 1 and len(self.alive) == 1):
             order = {name: i for i, name in enumerate(self.predicted)}
             stats = {n: _lower_median(self.samples[n]) for n in self.predicted if self.samples[n]}
