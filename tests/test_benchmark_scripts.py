@@ -8,6 +8,7 @@ tests/bench/.
 
 import os
 import shutil
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -91,6 +92,17 @@ def test_rsag_comparison_runs_both_steps(tmp_path):
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-5000:]
     assert "1e3" in output or "1000" in output, output[-3000:]
+
+
+def test_ways_comparison_runs_every_way(tmp_path):
+    """benchmarks/shm/ways.py: slots, single copy and the chosen way in one launch, checked."""
+    proc = subprocess.run([str(ROOT / "scripts" / "run_mpi.sh"), "2",
+                           str(BENCH / "shm" / "ways.py"), "--count", "3e5", "--rounds", "1",
+                           "--calls", "2"], cwd=ROOT, env=_env(), capture_output=True, text=True,
+                          timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-5000:]
+    assert re.search(r"^\s+300000(\s+\S+){5}$", output, re.M), output[-3000:]
 
 
 def test_auto_score_writes_its_summary(tmp_path):

@@ -167,11 +167,12 @@ _FIELDS = ("t_small", "t_mid", "t_large", "g32_in", "g32_out", "g64_in", "g64_ou
                _SHM_FIELDS + ("agree_library",))
 
 
-def _library_times(comm, shm):
+def _library_times(comm, shm, crowded=False):
     """``(fields, times)``: this rank's times of the library's own calls (float32 sum, each call after a
     Barrier, _LIBRARY_REPS of each) on a duplicate of ``comm`` (collective):
     ``allreduce(algorithm="ring")`` of 8 bytes and of LARGE, then, if ``shm``,
-    ``allreduce(algorithm="shm")`` at each of SHM_SIZES.  :func:`measure` takes each
+    ``allreduce(algorithm="shm")`` at each of SHM_SIZES.  ``crowded``: the ranks
+    outnumber their cores (shm's calls above 1 MiB then try no ways).  :func:`measure` takes each
     call's slowest rank, then the median of each field's calls, as a program sees its calls.
 
     A duplicate, because this runs inside the first automatic call on ``comm`` (its calls
@@ -190,8 +191,10 @@ def _library_times(comm, shm):
         return _WARM_SMALL if nbytes <= MID else _WARM
     # above 1 MiB shm's first calls of a size time its two ways and the ranks settle on
     # one (algorithms/shm/ways.py, Way.LAST_TRIAL): the calls timed here come after them
+    # (where ranks outnumber cores they do not: algorithms/shm/allreduce.py, way_for)
+    large = _WARM if crowded else _WARM_WAYS
     plan = [("ring_8", "ring", 8, warm(8)), ("ring_large", "ring", LARGE, 1)] + [
-        (field, "shm", n, _WARM_WAYS if n > DOUBLE_LIMIT else warm(n))
+        (field, "shm", n, large if n > DOUBLE_LIMIT else warm(n))
         for field, n in zip(_SHM_FIELDS, SHM_SIZES) if shm]
     dup = comm.Dup()
     times = []
@@ -245,7 +248,8 @@ def _local_measurements(comm, node, leaders, layout, shm):
     if leaders != MPI.COMM_NULL and leaders.Get_size() > 1:
         m["inter_small"] = _ring_time(leaders, SMALL, _SMALL_STEPS, _REPS)
         m["inter_large"] = _ring_time(leaders, LARGE, 1, _REPS)
-    return m, (_library_times(comm, shm) if not layout.spans_nodes else ([], []))
+    crowded = layout.ranks_per_core > 1
+    return m, (_library_times(comm, shm, crowded) if not layout.spans_nodes else ([], []))
 
 
 def _fit(m, nranks, layout):
