@@ -67,7 +67,7 @@ from .agree import agree_max
 __all__ = ["VERSION", "machine_facts", "cache_file", "measure", "machine_params",
            "SMALL", "MID", "LARGE", "KERNEL_IN", "KERNEL_OUT"]
 
-VERSION = 2  # 2: the library's own ring and shm calls timed
+VERSION = 3  # 2: the library's own ring and shm calls timed; 3: shm's after its ways' trials
 SMALL, MID, LARGE = 8, 64 << 10, 4 << 20      # bytes of the ring messages
 KERNEL_IN, KERNEL_OUT = 64 << 10, 8 << 20     # bytes reduced: in a core's cache, from memory
 _REPS = 3                                     # repetitions; the minimum counts
@@ -76,6 +76,7 @@ _WARM = 3                                     # untimed library calls of each si
 _WARM_SMALL = 12                              # ... of each size up to MID (they settle later)
 _WARM_WAYS = 10                               # ... of shm above 1 MiB: its ways' trial calls
 _LIBRARY_REPS = 5                             # timed library calls of each size
+_LIBRARY_REPS_SMALL = 15                      # ... up to MID: short, and noisier per call
 _SMALL_STEPS = 8                              # exchanges per repetition of the small message
 
 
@@ -168,8 +169,9 @@ _FIELDS = ("t_small", "t_mid", "t_large", "g32_in", "g32_out", "g64_in", "g64_ou
 
 
 def _library_times(comm, shm, crowded=False):
-    """``(fields, times)``: this rank's times of the library's own calls (float32 sum, each call after a
-    Barrier, _LIBRARY_REPS of each) on a duplicate of ``comm`` (collective):
+    """``{field: [seconds]}``: this rank's times of the library's own calls (float32 sum, each call after a
+    Barrier; ``times[field]`` a list of _LIBRARY_REPS, _LIBRARY_REPS_SMALL up to MID bytes) on a
+    duplicate of ``comm`` (collective):
     ``allreduce(algorithm="ring")`` of 8 bytes and of LARGE, then, if ``shm``,
     ``allreduce(algorithm="shm")`` at each of SHM_SIZES.  ``crowded``: the ranks
     outnumber their cores (shm's calls above 1 MiB then try no ways).  :func:`measure` takes each
@@ -189,6 +191,9 @@ def _library_times(comm, shm, crowded=False):
     # of the Python around it), and a dozen of them cost less than one large call
     def warm(nbytes):
         return _WARM_SMALL if nbytes <= MID else _WARM
+
+    def reps(nbytes):
+        return _LIBRARY_REPS_SMALL if nbytes <= MID else _LIBRARY_REPS
     # above 1 MiB shm's first calls of a size time its two ways and the ranks settle on
     # one (algorithms/shm/ways.py, Way.LAST_TRIAL): the calls timed here come after them
     # (where ranks outnumber cores they do not: algorithms/shm/allreduce.py, way_for)
@@ -197,30 +202,32 @@ def _library_times(comm, shm, crowded=False):
         (field, "shm", n, large if n > DOUBLE_LIMIT else warm(n))
         for field, n in zip(_SHM_FIELDS, SHM_SIZES) if shm]
     dup = comm.Dup()
-    times = []
+    times = {}
     try:
-        for _, algorithm, nbytes, warm in plan:
+        for field, algorithm, nbytes, warm in plan:
             x = np.ones(nbytes // 4, np.float32)
             y = np.empty_like(x)
             for _ in range(warm):
                 allreduce(x, y, comm=dup, algorithm=algorithm)
-            for _ in range(_LIBRARY_REPS):
+            mine = times[field] = []
+            for _ in range(reps(nbytes)):
                 comm.Barrier()
                 start = time.perf_counter()
                 allreduce(x, y, comm=dup, algorithm=algorithm)
-                times.append(time.perf_counter() - start)
+                mine.append(time.perf_counter() - start)
         # The agreement step as the calls above ran it (on one node a shared-memory board,
         # not an MPI_Allreduce): what every algorithm that does not fold it in pays per call.
         ctx, values = get_context(dup), np.zeros(8, np.int64)
-        for rep in range(_WARM_SMALL + _LIBRARY_REPS):
+        mine = times["agree_library"] = []
+        for rep in range(_WARM_SMALL + _LIBRARY_REPS_SMALL):
             comm.Barrier()
             start = time.perf_counter()
             agree_max(ctx, values)
             if rep >= _WARM_SMALL:
-                times.append(time.perf_counter() - start)
+                mine.append(time.perf_counter() - start)
     finally:
         dup.Free()
-    return [field for field, *_ in plan] + ["agree_library"], times
+    return times
 
 
 def _local_measurements(comm, node, leaders, layout, shm):
@@ -249,7 +256,7 @@ def _local_measurements(comm, node, leaders, layout, shm):
         m["inter_small"] = _ring_time(leaders, SMALL, _SMALL_STEPS, _REPS)
         m["inter_large"] = _ring_time(leaders, LARGE, 1, _REPS)
     crowded = layout.ranks_per_core > 1
-    return m, (_library_times(comm, shm, crowded) if not layout.spans_nodes else ([], []))
+    return m, (_library_times(comm, shm, crowded) if not layout.spans_nodes else {})
 
 
 def _fit(m, nranks, layout):
@@ -333,18 +340,22 @@ def measure(comm, layout, shm=False):
     node, _ = node_comm(comm)
     leaders = comm.Split(0 if node.Get_rank() == 0 else MPI.UNDEFINED, comm.Get_rank())
     try:
-        m, (timed, calls) = _local_measurements(comm, node, leaders, layout, shm)
+        m, library = _local_measurements(comm, node, leaders, layout, shm)
     finally:
         node.Free()
         if leaders != MPI.COMM_NULL:
             leaders.Free()
+    calls = [t for ts in library.values() for t in ts]
     values = np.array([m[k] for k in _FIELDS] + calls + [time.perf_counter() - start],
                       np.float64)
     comm.Allreduce(MPI.IN_PLACE, values, op=MPI.MAX)
     agreed = dict(zip(_FIELDS, values[:len(_FIELDS)].tolist()))
-    # each library call's slowest rank; the median of each size's calls
-    slowest = values[len(_FIELDS):-1].reshape(-1, _LIBRARY_REPS)
-    agreed.update(zip(timed, np.median(slowest, axis=1).tolist()))
+    # each library call's slowest rank; the median of each field's calls (every rank
+    # timed the same fields in the same order: the layout and ``shm`` are agreed)
+    at = len(_FIELDS)
+    for field, ts in library.items():
+        agreed[field] = float(np.median(values[at:at + len(ts)]))
+        at += len(ts)
     entry = _fit(agreed, comm.Get_size(), layout)
     entry["probe_seconds"] = float(values[-1])
     return entry, float(values[-1])
