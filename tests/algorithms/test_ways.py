@@ -75,3 +75,11 @@ def test_the_first_use_measurement_times_shm_after_its_trials():
     the model takes are those of the way the calls settle on."""
     from pycollective.collectives import probe
     assert probe._WARM_WAYS >= Way.LAST_TRIAL
+
+
+def test_the_first_use_measurement_s_largest_shm_call_takes_the_large_calls_way():
+    """Where ranks outnumber cores the probe's largest shm call must take the way of every
+    larger call (the single copy), or the model prices large calls by the slots."""
+    from pycollective.collectives import probe
+    from pycollective.algorithms.shm import allreduce as shm
+    assert shm.SINGLE_COPY_BYTES < probe.SHM_SIZES[-1] <= shm.CHOOSE_BYTES

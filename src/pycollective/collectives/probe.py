@@ -26,7 +26,7 @@ ranks measure, at once and as they run inside an allreduce:
   is β as the algorithms pay it on large vectors (copies, kernel passes,
   the MPI library's own transfer), when that is more than the bare ring's;
 * and the shared-memory algorithm itself: ``allreduce(algorithm="shm")``
-  of 8 B, 4 KiB, 64 KiB, 1 MiB and 8 MiB per rank on a duplicate of the
+  of 8 B, 4 KiB, 64 KiB, 1 MiB and 9 MiB per rank on a duplicate of the
   communicator, as a program's repeated calls run it (the library's Python,
   the agreement folded into its first sync, its compiled steps and syncs).
   No α-β-γ formula prices what it does (it moves data at memory speed and
@@ -71,7 +71,9 @@ VERSION = 3  # 2: the library's own ring and shm calls timed; 3: shm's after its
 SMALL, MID, LARGE = 8, 64 << 10, 4 << 20      # bytes of the ring messages
 KERNEL_IN, KERNEL_OUT = 64 << 10, 8 << 20     # bytes reduced: in a core's cache, from memory
 _REPS = 3                                     # repetitions; the minimum counts
-SHM_SIZES = (8, 4 << 10, 64 << 10, 1 << 20, 8 << 20)  # bytes per rank of the timed shm calls
+# bytes per rank of the timed shm calls; the largest just above shm's SINGLE_COPY_BYTES
+# (8 MiB), so that it takes the way of every larger call where ranks outnumber cores
+SHM_SIZES = (8, 4 << 10, 64 << 10, 1 << 20, 9 << 20)
 _WARM = 3                                     # untimed library calls of each size first
 _WARM_SMALL = 12                              # ... of each size up to MID (they settle later)
 _WARM_WAYS = 10                               # ... of shm above 1 MiB: its ways' trial calls
