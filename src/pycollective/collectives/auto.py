@@ -35,11 +35,12 @@ and the same on every rank:
 """
 
 import dataclasses
+import functools
 import logging
 import os
 import time
 import warnings
-from typing import Dict, Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence
 
 import numpy as np
 from mpi4py import MPI
@@ -157,14 +158,19 @@ def layout_of(ctx: Context) -> Layout:
 class Trial(_registry.Algorithm):
     """A registered algorithm serving a call of a shape auto has not decided yet.
 
-    Most are timed trials of the tuning.  The fast path never keeps one, so
-    the next call of the shape asks auto again.
+    Most are timed trials of the tuning.  ``tuning``, on a timed trial:
+    ``tuning(kernel, dst, settings, forget)`` -> a plan's ``run`` for the later
+    calls of the shape (:meth:`AutoState.tuning_run`), which the plan cache
+    keeps until the shape is decided (``forget()`` then drops it); the
+    untimed ones (another count of a class being tuned) are not kept.
     """
 
+    tuning: Optional[Callable] = None
 
-def _trial(algo: _registry.Algorithm, run=None) -> Trial:
+
+def _trial(algo: _registry.Algorithm, run=None, tuning=None) -> Trial:
     return Trial(algo.name, run or algo.run, algo.summary, algo.cost, algo.usable, algo.tags,
-                 algo.collective)
+                 algo.collective, tuning=tuning)
 
 
 class AutoState:
@@ -244,27 +250,32 @@ class AutoState:
         algo = _registry.get(tuner.next())
         if _timeline.ACTIVE is not None:  # timeline hook: one of auto's timed trials
             _timeline.ACTIVE.instant("auto trial", algorithm=algo.name, count=count)
-        return _trial(algo, self._timed(key, dtype, tuner, algo))
+        return _trial(algo, self._timed(key, dtype, tuner, algo),
+                      functools.partial(self.tuning_run, key, dtype, tuner))
+
+    def _prepared_run(self, key, ctx, algo, kernel, dst, agreement):
+        """The plan cache's prepared run of ``algo`` for the shape (agree.prepared: shm's
+        repeated compiled step, the others' run_checked), kept for the algorithm's later
+        trials of the shape (the first resolves what it needs, as a decided shape's first
+        repeated call does).  The key fixes dtype and op, the tuner the count; the
+        agreement may change with ``set_check``."""
+        runs = self._prepared.setdefault(key, {})
+        run = runs.get((algo.name, agreement))
+        if run is None:
+            run = runs[algo.name, agreement] = prepared(ctx, algo, kernel, dst, agreement)
+        return run
 
     def _timed(self, key, dtype, tuner: Tuner, algo: _registry.Algorithm):
         def trial(ctx, src, dst, kernel):
-            # Time what the decided call will run: the plan cache's prepared run of
-            # this shape (agree.prepared: shm's repeated compiled step, the others'
-            # run_checked), with the agreement folded into its first sync where the
-            # algorithm can, else one MAX before it.  The call agreed already (its
-            # shape is not decided, so it took the full path): this second agreement
-            # on the call number is redundant, and costs the trials alike, so that
-            # shm's folded agreement is credited.  A prepared run is kept for the
-            # algorithm's later trials of the shape (the first resolves what it
-            # needs, as a decided shape's first repeated call does).
+            # The shape's first trial call, on the full path (later ones run from the plan
+            # cache: tuning_run).  Time what the decided call will run, with the agreement
+            # folded into its first sync where the algorithm can, else one MAX before it.
+            # The call agreed already: this second agreement on the call number is
+            # redundant, and costs this one trial only.
             call = _watch.current()
             agreement = needs_agreement(call.settings, algo)
             values = fact_values(ctx.rank, None, (), call.number) if agreement else None
-            # (the key fixes dtype and op, the tuner the count; set_check may change the rest)
-            runs = self._prepared.setdefault(key, {})
-            run = runs.get((algo.name, agreement))
-            if run is None:
-                run = runs[algo.name, agreement] = prepared(ctx, algo, kernel, dst, agreement)
+            run = self._prepared_run(key, ctx, algo, kernel, dst, agreement)
             start = time.perf_counter()
             if not run(ctx, call, values, src, dst):
                 verdict(ctx, "allreduce", None, (), values)
@@ -272,19 +283,57 @@ class AutoState:
                     f"{call.title()}: the ranks disagree in auto's timed trial of "
                     f"{algo.name}, after agreeing on the call", collective=call.what,
                     call=call.number, comm=ctx.label)
-            mine = self._times.setdefault(key, [])
-            mine.append(time.perf_counter() - start)
-            if tuner.ran():
-                # The round's times, the slowest rank's: one small MAX over the ranks.
-                values = np.array([int(t * 1e9) for t in mine], np.int64)
-                del self._times[key]
-                agree_max(ctx, values)
-                decision = tuner.feed(values / 1e9)
-                if decision is not None:
-                    self.tuners.pop(key, None)
-                    self._prepared.pop(key, None)
-                    self._decide(key, dtype, decision, ctx)
+            self._took(key, dtype, tuner, ctx, time.perf_counter() - start)
         return trial
+
+    def _took(self, key, dtype, tuner: Tuner, ctx, seconds):
+        """One trial call's time on this rank; at a round's end the round's times, the
+        slowest rank's (one small MAX over the ranks), go to the tuner, which may decide."""
+        mine = self._times.setdefault(key, [])
+        mine.append(seconds)
+        if tuner.ran():
+            values = np.array([int(t * 1e9) for t in mine], np.int64)
+            del self._times[key]
+            agree_max(ctx, values)
+            decision = tuner.feed(values / 1e9)
+            if decision is not None:
+                self.tuners.pop(key, None)
+                self._prepared.pop(key, None)
+                self._decide(key, dtype, decision, ctx)
+
+    def tuning_run(self, key, dtype, tuner: Tuner, kernel, dst, settings, forget):
+        """``run(ctx, call, values, src, dst)`` -> agreed, for a plan of a shape being tuned
+        (``collectives.plans`` keeps it after the shape's first trial call).
+
+        A trial call then costs what a decided call of the shape costs on the plan
+        cache's way: no check of the arguments beyond the buffers, one agreement on
+        the call's facts (``values``, the plan's), folded into the candidate's first
+        sync where it can, and the candidate's prepared run, timed as on the full
+        path.  Where the ranks disagree nothing ran and the tuner has not moved (every
+        rank's tuner stays where the others' are), and the caller raises the verdict.
+        When the shape is decided the plan is dropped (``forget``), so the next call
+        goes the full way and keeps the decided plan.
+        """
+        def run(ctx, call, values, src, dst):
+            if self.tuners.get(key) is not tuner:  # decided by another thread's call, or
+                forget()                           # the tuners were cleared: the decision,
+                algo = _registry.get(self.choose(dst.size, dst.dtype, key[2]))  # untimed
+                agreement = needs_agreement(settings, algo)
+                return prepared(ctx, algo, kernel, dst, agreement)(
+                    ctx, call, values if agreement else None, src, dst)
+            algo = _registry.get(tuner.next())
+            if _timeline.ACTIVE is not None:  # timeline hook: one of auto's timed trials
+                _timeline.ACTIVE.instant("auto trial", algorithm=algo.name, count=dst.size)
+            agreement = needs_agreement(settings, algo)
+            prun = self._prepared_run(key, ctx, algo, kernel, dst, agreement)
+            start = time.perf_counter()
+            if not prun(ctx, call, values if agreement else None, src, dst):
+                return False
+            self._took(key, dtype, tuner, ctx, time.perf_counter() - start)
+            if key not in self.tuners:
+                forget()
+            return True
+        return run
 
     def _decide(self, key, dtype: np.dtype, decision: Decision,
                 ctx: Optional[Context] = None) -> Decision:

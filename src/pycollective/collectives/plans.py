@@ -122,11 +122,14 @@ def remember(ctx: Context, algorithm: str, op, timeout, algo: Algorithm, kernel:
              dst: np.ndarray, facts: Facts, call) -> None:
     """Keep what a full-path call of this shape resolved to (``call``: its _watch.Call).
 
-    A trial of auto's tuning is not kept: the next call of the shape must ask
-    auto again until the shape is decided.
+    A timed trial of auto's tuning is kept as a plan whose run asks the tuner
+    for each call's candidate (``Trial.tuning``) until the shape is decided,
+    when that run drops it: the next call goes the full way and keeps the
+    decision.  An untimed trial is not kept.
     """
     key = _op_key(op)
-    if key is None or isinstance(algo, _auto.Trial):
+    trial = isinstance(algo, _auto.Trial)
+    if key is None or trial and algo.tuning is None:
         return
     try:
         hash(timeout)
@@ -137,12 +140,20 @@ def remember(ctx: Context, algorithm: str, op, timeout, algo: Algorithm, kernel:
         memo = ctx.put(_MEMO, PlanCache())
     template = fact_values(ctx.rank, None, facts, 0)  # words 0-1: each call writes its number
     auto = ctx.peek(_auto.KEY) if algorithm == "auto" else None
-    agreement = needs_agreement(call.settings, algo)
-    run = prepared(ctx, algo, kernel, dst, agreement)
-    memo[(algorithm, key, dst.dtype, dst.size, timeout, call.fingerprint[8])] = Plan(
+    shape = (algorithm, key, dst.dtype, dst.size, timeout, call.fingerprint[8])
+    if trial:
+        def forget(memo=memo):
+            if memo.get(shape) is plan:
+                del memo[shape]
+        # the run passes the agreement on to each candidate that needs it
+        agreement, run = True, algo.tuning(kernel, dst, call.settings, forget)
+    else:
+        agreement = needs_agreement(call.settings, algo)
+        run = prepared(ctx, algo, kernel, dst, agreement)
+    plan = memo[shape] = Plan(
         algo, kernel, template, facts, auto, call.settings,
         call.fingerprint, call.fingerprint_words, call.tag_offset, _settings.epoch,
-        agreement, run, getattr(run, "fast", None))
+        agreement, run, None if trial else getattr(run, "fast", None))
 
 
 def run(ctx, plan, src, dst) -> None:

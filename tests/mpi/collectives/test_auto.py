@@ -208,6 +208,67 @@ def test_a_trial_times_what_the_decided_call_runs(monkeypatch, check):
 
 
 @pytest.mark.mpi(min_size=2)
+def test_trial_calls_after_a_shapes_first_run_from_the_plan_cache(monkeypatch):
+    """A shape's first trial call goes the full way (checks, agreement, auto's resolve);
+    the later ones run from the plan cache (the tuner's next candidate, one agreement),
+    as a decided call does, until the decision, after which the decided plan is kept."""
+    resolved = []
+    real = _auto.AutoState.resolve
+    monkeypatch.setattr(_auto.AutoState, "resolve",
+                        lambda self, *a: resolved.append(a) or real(self, *a))
+    monkeypatch.setenv("PYCOLLECTIVE_AUTO", "tune")
+    comm = MPI.COMM_WORLD.Dup()
+    try:
+        decision, calls, wrong = _settle(comm, 1000)
+        during = len(resolved)
+        x, out = np.ones(1000, np.float32), np.empty(1000, np.float32)
+        pycollective.allreduce(x, out, "sum", comm=comm)  # the decision, on the full way once
+        hit = _fastpath.lookup(x, out, "sum", comm, "auto", DEFAULT)
+        plan = None if hit is None else hit[1]
+    finally:
+        comm.Free()
+    assert wrong == 0 and decision.how == "tuned" and calls > 1, (decision, calls)
+    assert during == 1, resolved  # every trial call after the first came from the plan cache
+    assert len(resolved) == 2
+    assert plan is not None and not isinstance(plan.algo, _auto.Trial)
+    assert plan.algo.name == decision.algorithm
+
+
+@pytest.mark.mpi(min_size=2)
+def test_ranks_that_disagree_in_the_middle_of_a_tuning_raise_and_tune_on_alike(monkeypatch):
+    """Mid-tuning, rank 0 calls the shape being tuned (from its plan: the next candidate
+    with the agreement folded in) while the others call another count (the full way):
+    every rank raises, no tuner moves, and the tuning goes on to the same decision."""
+    monkeypatch.setenv("PYCOLLECTIVE_AUTO", "tune")
+    comm = MPI.COMM_WORLD.Dup()
+    n, r = comm.Get_size(), comm.Get_rank()
+    errors = []
+    try:
+        state = _auto.auto_for(get_context(comm))
+        x = exact_values(r, 1000, "float32", "sum")
+        for _ in range(3):  # the first trial calls: the plan of the shape is kept
+            pycollective.allreduce(x, np.empty_like(x), "sum", comm=comm)
+        key = state.key(1000, np.dtype(np.float32), "sum")
+        tuner = state.tuners.get(key)
+        before = None if tuner is None else (tuner.position, tuner.calls, tuner.round)
+        count = 1000 if r == 0 else 1001
+        y = exact_values(r, count, "float32", "sum")
+        try:
+            pycollective.allreduce(y, np.empty_like(y), "sum", comm=comm)
+        except ValueError as exc:
+            errors.append(str(exc))
+        after = None if tuner is None else (tuner.position, tuner.calls, tuner.round)
+        decision, calls, wrong = _settle(comm, 1000)
+        agreed = comm.allgather((decision.algorithm, decision.times, decision.calls))
+    finally:
+        comm.Free()
+    assert tuner is not None, "decided within three calls: nothing to test"
+    assert len(errors) == 1 and "1000" in errors[0] and "1001" in errors[0], errors
+    assert before == after
+    assert wrong == 0 and len({repr(a) for a in agreed}) == 1, agreed
+
+
+@pytest.mark.mpi(min_size=2)
 def test_ranks_with_different_clocks_still_run_and_keep_the_same_candidates(monkeypatch):
     # Each rank's own times are noise of its own; only agreed times may decide.
     rank = MPI.COMM_WORLD.Get_rank()
