@@ -79,8 +79,9 @@ def _corrections(flat):
     return flat["corrections"] if flat.get("nodes", 1) == nodes else {}
 
 
-def calibrated_times(nranks, count, dtype, flat):
-    """``{name: calibrated prediction}`` for every algorithm with a cost model, in registry order.
+def calibrated_times(nranks, count, dtype, flat, exclude=()):
+    """``{name: calibrated prediction}`` for every algorithm with a cost model (but ``exclude``),
+    in registry order.
 
     ``flat`` is one N's parameters (:func:`~pycollective.model.params.params_for`).
     The measured ratios apply only where the calibration was made on as
@@ -88,18 +89,25 @@ def calibrated_times(nranks, count, dtype, flat):
     in them).
     """
     out = {}
-    beta_gamma = rates(flat, count, dtype)
+    beta, gamma = rates(flat, count, dtype)
     corrections = _corrections(flat)
+    # what every algorithm's price shares, found once (auto's first call of each
+    # shape ranks every algorithm, in Python)
+    topo, alpha, overhead = topology_of(flat, beta), flat["alpha"], flat["overhead"]
+    nbytes, itemsize = count * dtype.itemsize, dtype.itemsize
+    trivial = count == 0 or nranks == 1
     for name in _registry.names():
-        algo = _registry.get(name)
-        if algo.cost is None:
+        if name in exclude:
             continue
-        if count == 0 or nranks == 1:
+        cost = _registry.get(name).cost
+        if cost is None:
+            continue
+        if trivial:
             out[name] = 0.0
             continue
-        ratio = value_at(corrections.get(name), count * dtype.itemsize, 1.0)
-        out[name] = flat["overhead"] + max(ratio, _MIN_FACTOR) * model_time(
-            algo.cost, nranks, count, dtype, flat, beta_gamma)
+        ratio = value_at(corrections.get(name), nbytes, 1.0)
+        out[name] = overhead + max(ratio, _MIN_FACTOR) * evaluate(
+            cost, nranks, count, itemsize, alpha, beta, gamma, topo)
     return out
 
 
@@ -108,9 +116,9 @@ def ranked(nranks, count, dtype, flat, exclude=()):
 
     Ties keep registry order, the same on every rank.
     """
-    times = calibrated_times(nranks, count, dtype, flat)
+    times = calibrated_times(nranks, count, dtype, flat, exclude)
     order = {name: i for i, name in enumerate(times)}
-    kept = [(name, t) for name, t in times.items() if name not in exclude]
+    kept = list(times.items())
     if not kept:
         raise ValueError("no registered algorithm has a cost model")
     return sorted(kept, key=lambda nt: (nt[1], order[nt[0]]))
