@@ -22,9 +22,10 @@ ranks measure, at once and as they run inside an allreduce:
   ``allreduce(algorithm="ring")`` of 8 bytes, whose time beyond the agreement
   is nearly all α terms: α as the algorithms pay it, with the Python around
   each message (a bare ``Sendrecv`` has none), when that is more than the
-  bare ring's; and the same of 4 MiB, whose time beyond its α and γ terms
-  is β as the algorithms pay it on large vectors (copies, kernel passes,
-  the MPI library's own transfer), when that is more than the bare ring's;
+  bare ring's; and the same of 64 KiB and 4 MiB, whose time beyond their α
+  and γ terms is β as the algorithms pay it on vectors in cache and on large
+  ones (copies, kernel passes, the MPI library's own transfer), when that is
+  more than the bare ring's;
 * and the shared-memory algorithm itself: ``allreduce(algorithm="shm")``
   of 8 B, 4 KiB, 64 KiB, 1 MiB and 9 MiB per rank on a duplicate of the
   communicator, as a program's repeated calls run it (the library's Python,
@@ -67,7 +68,8 @@ from .agree import agree_max
 __all__ = ["VERSION", "machine_facts", "cache_file", "measure", "machine_params",
            "SMALL", "MID", "LARGE", "KERNEL_IN", "KERNEL_OUT"]
 
-VERSION = 3  # 2: the library's own ring and shm calls timed; 3: shm's after its ways' trials
+VERSION = 3  # 2: the library's own ring and shm calls timed; 3: shm's after its ways' trials,
+             # the library's ring of MID bytes
 SMALL, MID, LARGE = 8, 64 << 10, 4 << 20      # bytes of the ring messages
 KERNEL_IN, KERNEL_OUT = 64 << 10, 8 << 20     # bytes reduced: in a core's cache, from memory
 _REPS = 3                                     # repetitions; the minimum counts
@@ -166,7 +168,8 @@ allreduce = None
 
 _SHM_FIELDS = tuple(f"shm_{n}" for n in SHM_SIZES)
 _FIELDS = ("t_small", "t_mid", "t_large", "g32_in", "g32_out", "g64_in", "g64_out", "copy",
-           "barrier", "agree", "inter_small", "inter_large", "ring_8", "ring_large") + (
+           "barrier", "agree", "inter_small", "inter_large", "ring_8", "ring_mid",
+           "ring_large") + (
                _SHM_FIELDS + ("agree_library",))
 
 
@@ -174,7 +177,7 @@ def _library_times(comm, shm, crowded=False):
     """``{field: [seconds]}``: this rank's times of the library's own calls (float32 sum, each call after a
     Barrier; ``times[field]`` a list of _LIBRARY_REPS, _LIBRARY_REPS_SMALL up to MID bytes) on a
     duplicate of ``comm`` (collective):
-    ``allreduce(algorithm="ring")`` of 8 bytes and of LARGE, then, if ``shm``,
+    ``allreduce(algorithm="ring")`` of 8 bytes, MID and LARGE, then, if ``shm``,
     ``allreduce(algorithm="shm")`` at each of SHM_SIZES.  ``crowded``: the ranks
     outnumber their cores (shm's calls above 1 MiB then try no ways).  :func:`measure` takes each
     call's slowest rank, then the median of each field's calls, as a program sees its calls.
@@ -200,7 +203,8 @@ def _library_times(comm, shm, crowded=False):
     # one (algorithms/shm/ways.py, Way.LAST_TRIAL): the calls timed here come after them
     # (where ranks outnumber cores they do not: algorithms/shm/allreduce.py, way_for)
     large = _WARM if crowded else _WARM_WAYS
-    plan = [("ring_8", "ring", 8, warm(8)), ("ring_large", "ring", LARGE, 1)] + [
+    plan = [("ring_8", "ring", 8, warm(8)), ("ring_mid", "ring", MID, warm(MID)),
+            ("ring_large", "ring", LARGE, 1)] + [
         (field, "shm", n, large if n > DOUBLE_LIMIT else warm(n))
         for field, n in zip(_SHM_FIELDS, SHM_SIZES) if shm]
     dup = comm.Dup()
@@ -275,6 +279,15 @@ def _fit(m, nranks, layout):
         # beyond the agreement, per α term, is the α of a message sent by the library.
         terms = _registry.get("ring").cost(nranks, 2, 4, 1.0, 0.0, 0.0)
         alpha = max(alpha, (m["ring_8"] - overhead) / max(terms, 1.0))
+    if m["ring_mid"] > 0:
+        # the same at MID bytes (the library's copies and kernel on vectors in cache):
+        # mid-sized calls of the message algorithms priced by a bare Sendrecv came out
+        # at 0.4-0.7 of their time, at the edge of what auto times beside shm
+        ring, count = _registry.get("ring").cost, MID // 4
+        rest = m["ring_mid"] - overhead - ring(nranks, count, 4, alpha, 0.0, m["g32_in"])
+        per_beta = ring(nranks, count, 4, 0.0, 1.0, 0.0)
+        if per_beta > 0 and rest > 0:
+            beta_mid = max(beta_mid, rest / per_beta)
     if m["ring_large"] > 0:
         # β as the algorithms pay it on large vectors: the library's ring of LARGE bytes
         # (its copies, its kernel's passes, the MPI library's own transfer) beyond what
