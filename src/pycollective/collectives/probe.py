@@ -61,7 +61,7 @@ from ..runtime.root import bcast_from_root
 from ..node.group import DOUBLE_LIMIT, node_comm
 from ..data import kernels as _kernels
 from ..data.kernels import get_kernel
-from ..model.params import BUILTIN, DEFAULTS, ANY_DTYPE, load_params, write_json
+from ..model.params import BUILTIN, DEFAULTS, ANY_DTYPE, load_params, value_at, write_json
 from ..runtime.context import get_context
 from .agree import agree_max
 
@@ -332,8 +332,10 @@ def _shm_ratio(m, nranks, entry):
     curve = []
     for nbytes in SHM_SIZES:
         count = nbytes // 4
-        beta = entry["beta_curve"][0][1] if nbytes <= MID else entry["beta"]
-        gamma = m["g32_in"] if nbytes <= KERNEL_IN else m["g32_out"]
+        # β and γ as the model will price a call of this size (its curves, interpolated),
+        # so that the prediction at each timed size is the time measured there
+        beta = value_at(entry["beta_curve"], nbytes, entry["beta"])
+        gamma = value_at(entry["gamma_curves"]["float32"], nbytes, m["g32_out"])
         plain = cost(nranks, count, 4, entry["alpha"], beta, gamma)
         here = m[f"shm_{nbytes}"] or cost(nranks, count, 4, m["barrier"], m["copy"], gamma)
         # the call's prediction is overhead + ratio * plain: shm pays no separate agreement
