@@ -8,8 +8,9 @@ point-to-point messages; there are two ways to reach the others' memory.
 
 Single copy (messages above 1 MiB where the system allows it and a size's
 timed calls chose it where every rank has a core, see :mod:`.ways`; above
-``SINGLE_COPY_BYTES`` = 8 MiB where ranks outnumber cores): each rank publishes the addresses and size of its ``src`` and
-``dst`` in its header of the node's control segment; sync; rank i reads
+``SINGLE_COPY_BYTES`` = 8 MiB where ranks outnumber cores): each rank
+publishes the addresses and size of its ``src`` and ``dst`` in its header
+of the node's control segment; sync; rank i reads
 slice i of every other rank's ``src`` with ``process_vm_readv`` (Linux
 cross-memory attach), block by block and peer by peer, each block just
 before the kernel folds it into ``dst`` so that the kernel reads it back
