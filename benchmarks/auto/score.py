@@ -15,7 +15,11 @@ program has; each count is a size class auto has not decided yet):
   named or not.  The first call of the job is not among them (its first-use
   measurement is reported on its own, ``probe_s``).  ``first_steady_ratio`` is the
   same mean over the best's steady time, for reference;
-* steady: auto's median time after those calls, over the best;
+* steady: auto's median time after those calls over the best's, the two timed in
+  alternating batches (``STEADY_ROUNDS`` each) after the algorithms were timed
+  (``steady_seq_ratio``: auto's batch right after its first calls over the best's time
+  in the pass over the algorithms, seconds apart, the ratio reported before
+  2026-12-05's sixth run);
 * model: the model's prediction for the algorithm auto settled on, against that
   algorithm's measured time (``pred/meas - 1``).
 
@@ -47,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 COUNTS = (1, 100, 1000, 10_000, 100_000, 1_000_000, 10_000_000)
 FIRST = 100
 SKIP = 4.0
+STEADY_ROUNDS = 2  # alternating batches of auto and the best, named, for the steady ratio
 FAR = 8.0  # above 1e6 elements, algorithms the model puts this far behind the best are not timed
 TARGETS = {"steady": (1.10, 0.90), "first": (1.25, 0.80), "model": (0.25, 0.80), "probe": 0.5}
 
@@ -159,6 +164,15 @@ def measure(args):
         out1 = np.empty_like(x1)
         cold = _calls(sub, lambda: pycollective.allreduce(x1, out1, comm=sub,
                                                           algorithm=best_name), len(first))
+        # steady: auto against the best, named, in alternating batches (the same
+        # algorithm timed minutes apart at 2-4 ranks per core moved 11-58 %)
+        mine, theirs = [], []
+        for k in range(STEADY_ROUNDS):
+            batches = [(mine, lambda: pycollective.allreduce(x, out, comm=sub)),
+                       (theirs, lambda: pycollective.allreduce(x, out, comm=sub,
+                                                               algorithm=best_name))]
+            for into, fn in (batches if k % 2 else batches[::-1]):
+                into.extend(_calls(sub, fn, reps))
         measured_pick = times.get(pick, {}).get("median")
         rows.append({
             "count": count, "measured": True, "correct": ok, "decided": decided,
@@ -168,7 +182,8 @@ def measure(args):
             "best_first_mean_s": statistics.fmean(cold),
             "first_ratio": statistics.fmean(first) / statistics.fmean(cold),
             "first_steady_ratio": statistics.fmean(first) / best,
-            "steady_ratio": statistics.median(steady) / best,
+            "steady_ratio": statistics.median(mine) / statistics.median(theirs),
+            "steady_seq_ratio": statistics.median(steady) / best,
             "predicted_s": ranking.get(pick),
             "pick_measured_s": measured_pick,
             "model_error": (ranking[pick] / measured_pick - 1
