@@ -19,6 +19,7 @@ from pycollective.collectives import auto as _auto
 from pycollective.runtime import registry as _registry
 from pycollective import bench
 from pycollective.runtime.context import get_context
+from pycollective.node.barrier import wait_modes
 from pycollective.algorithms import ring_pipelined
 from pycollective.model import choose, load_params
 
@@ -109,8 +110,11 @@ def test_segments():
 @pytest.mark.mpi(min_size=2)
 def test_breakdown():
     comm = MPI.COMM_WORLD
-    # 8 KB and 1.2 MB take the window path (the single copy starts above
-    # shm.SINGLE_COPY_BYTES; where the system allows it, it is timed beside).
+    # 8 KB takes the window path; 1.2 MB too where ranks outnumber cores (there the
+    # single copy starts above shm.SINGLE_COPY_BYTES), else the way its calls chose by
+    # timing both (algorithms/shm/ways.py).  Where the system allows the single copy,
+    # it is timed beside.
+    _, wakes = wait_modes(comm)  # any rank's waits sleep: ranks outnumber cores
     rows, _, text = _run(["breakdown", "--M", "2000", "300000", "--reps", "2"])
     assert {r["count"] for r in rows} == {2000, 300000}
     for count in (2000, 300000):
@@ -126,7 +130,9 @@ def test_breakdown():
             assert sum(r["share"] for r in phases) == pytest.approx(1.0)
     used = {r["count"]: r["path"] for r in rows if r["path"] != "call" and r["used"]}
     assert used[2000] == "window"
-    assert used[300000] == "window"
+    single = any(r["path"] == "single-copy" for r in rows)
+    assert used[300000] == "window" if wakes or not single else used[300000] in (
+        "window", "single-copy")
     assert _agreed(comm, rows)
 
 

@@ -7,7 +7,7 @@ from mpi4py import MPI
 import pycollective
 from pycollective.node import arrays as _shared
 from pycollective.runtime.context import get_context
-from pycollective.algorithms.shm import allreduce as shm
+from pycollective.algorithms.shm import allreduce as shm, ways as _ways
 
 from _data import exact_reduce, exact_values, replicas_identical
 
@@ -18,12 +18,14 @@ MODES = ["both", "src", "dst", "odd ranks plain", "in place", "offset"]
 
 @pytest.fixture(params=["slots", "single copy"])
 def path(request, monkeypatch):
-    """Which large path shm takes at COUNT: the slots, or cross-memory reads."""
+    """Which large path shm takes at COUNT: the slots, or cross-memory reads (pinned:
+    where ranks have cores of their own a size's calls would otherwise try both)."""
     if request.param == "single copy":
         state = shm._state(get_context(MPI.COMM_WORLD))
         if state.cross is None:
             pytest.skip("cross-memory reads are not allowed here")
-        monkeypatch.setattr(shm, "SINGLE_COPY_BYTES", 1 << 20)
+    monkeypatch.setattr(_ways, "FORCE_WAY",
+                        _ways.SINGLE if request.param == "single copy" else _ways.SLOTS)
     return request.param
 
 
