@@ -114,6 +114,7 @@ def pieces(session, seconds):
             reduce_block(kernel, slots, out)
 
         off, on = "allreduce(shm), agreement off", "allreduce(shm), agreement on"
+        bound = "bound-call lookup (the same arrays)"
         steps = [  # (piece, what it is part of, call, agreement step on?)
             ("native comm.Allreduce", None, lambda: comm.Allreduce(x, out, op=MPI.SUM), False),
             (off, None, whole, False),
@@ -128,6 +129,10 @@ def pieces(session, seconds):
             ("flag barrier", off, node.group.sync, False),
             (on, None, whole, True),
             ("agreement (MAX over ranks)", on, lambda: _agree.agree_max(ctx, values), True),
+            # found by the arrays' identity (plans.find_bound): the lookup of every repeated
+            # call on the same arrays where the plan has a fast way (agreement on)
+            (bound, on,
+             lambda: _plans.find_bound(x, out, MPI.SUM, comm, "shm", _api.DEFAULT), True),
         ]
         rows = []
         progress = session.progress(len(steps))
@@ -135,6 +140,11 @@ def pieces(session, seconds):
             _opts.set_check(agree)
             for _ in range(20):  # a switch of the agreement step rebuilds state: not timed
                 fn()
+            if name == bound:
+                whole()  # the full way: the switch above made the plan stale
+                whole()  # found again: bound
+                if fn() is None:
+                    raise AssertionError("the call was not bound: the row would time a miss")
             inner = calls_for_budget(comm, fn, seconds / (_PIECE_REPS + 1), cap=100_000)
             timed_call(comm, fn, inner)  # warm-up
             times = rounds(comm, {name: fn}, _PIECE_REPS, inner)[name]

@@ -181,6 +181,17 @@ def allreduce(sendbuf, recvbuf, op=MPI.SUM, *, comm=None, algorithm: str = "auto
     if _timeline.ACTIVE is not None and _timeline.ACTIVE.outside():  # timeline hook: the call
         return _timeline.ACTIVE.traced(allreduce, "allreduce", (sendbuf, recvbuf, op), dict(
             comm=comm, algorithm=algorithm, timeout=timeout, compress=compress))
+    if compress is None:
+        # A repeated call first: the plan cache takes only numpy arrays (host memory), so
+        # a hit needs no device check
+        if _timeline.ACTIVE is None and _plans.repeat(sendbuf, recvbuf, op, comm, algorithm,
+                                                      timeout):
+            return recvbuf
+        hit = _plans.lookup(sendbuf, recvbuf, op, comm, algorithm, timeout)
+        if hit is not None:
+            _plans.bind(sendbuf, recvbuf, op, comm, algorithm, timeout, hit)
+            run_remembered(*hit)
+            return recvbuf
     if _buffers.device_reason(sendbuf, recvbuf) is not None:
         return _device.allreduce(
             allreduce, sendbuf, recvbuf, op, comm, algorithm, timeout, compress,
@@ -188,10 +199,6 @@ def allreduce(sendbuf, recvbuf, op=MPI.SUM, *, comm=None, algorithm: str = "auto
     if compress is not None:
         return _compression.allreduce(allreduce, sendbuf, recvbuf, op, compress, comm=comm,
                                       algorithm=algorithm, timeout=timeout)
-    hit = _plans.lookup(sendbuf, recvbuf, op, comm, algorithm, timeout)
-    if hit is not None:
-        run_remembered(*hit)
-        return recvbuf
     def local():
         algo = None if algorithm == AUTO else _registry.get(algorithm)
         opname = resolve_op(op)

@@ -17,8 +17,16 @@ it needs one.  This module is the plan cache: :func:`lookup` finds a call's
 plan, :func:`remember` keeps one, :func:`run` runs a call from it (and is
 the only place that writes a plan's arrays: each call's number into the
 agreement template the fast way reads by address).
+
+A plan with a fast way is also kept under the identity of the call's two
+1-D arrays (:func:`bind`, :func:`repeat`): a later call on the same array objects with the
+same arguments re-checks only what can change on an array object between
+calls (its flags, dtype and size) and runs the fast way, without the
+shape's key, the context's plan table or the overlap test.  The arrays are
+held by weak references, so keeping them costs the caller no memory.
 """
 
+import weakref
 from typing import Callable, NamedTuple, Optional
 
 import numpy as np
@@ -33,10 +41,17 @@ from ..runtime.registry import Algorithm
 from ..runtime import threads as _threads
 from .. import timeline as _timeline
 
-__all__ = ["Plan", "PlanCache", "lookup", "remember", "run"]
+__all__ = ["Plan", "PlanCache", "lookup", "remember", "run", "bind", "find_bound", "repeat"]
 
 _MEMO = Key("fastpath")
 _LIMIT = 1024
+# Bound calls (:func:`repeat`): (id(sendbuf), id(recvbuf)) -> _Bound, for every thread
+# (each entry names its thread's pairing code).  Emptied when it holds _BOUND_LIMIT
+# (entries of arrays that died stay until then); every entry goes stale when a plan is
+# kept or dropped (``_generation``): a bound call is a shortcut to a plan, never its owner.
+_BOUND: dict = {}
+_BOUND_LIMIT = 256
+_generation = 0
 
 
 class PlanCache(dict):
@@ -118,6 +133,74 @@ def lookup(sendbuf, recvbuf, op, comm, algorithm, timeout) -> Optional[tuple]:
     return ctx, plan, (sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1)), dst
 
 
+class _Bound:
+    """A checked call on two array objects (see :func:`repeat`): the arguments it was
+    made with, the arrays' state then, and the plan it found."""
+
+    __slots__ = ("send", "recv", "op", "comm", "algorithm", "timeout", "thread", "epoch",
+                 "generation", "world", "ctx", "plan", "auto", "sflags", "rflags", "dtype",
+                 "size")
+
+
+def bind(sendbuf, recvbuf, op, comm, algorithm, timeout, found) -> None:
+    """Keep a call :func:`lookup` found (``found``) under its arrays' identity, for
+    :func:`repeat`: where its plan has a fast way and both arrays are 1-D (a flat
+    view of a shaped array would have to be kept, and would keep the array alive)."""
+    ctx, plan = found[0], found[1]
+    in_place = sendbuf is MPI.IN_PLACE or sendbuf is recvbuf
+    if plan.fast is None or recvbuf.ndim != 1 or not in_place and sendbuf.ndim != 1:
+        return
+    if len(_BOUND) >= _BOUND_LIMIT:
+        _BOUND.clear()
+    b = _Bound()
+    # None in place: the key's first id is then MPI.IN_PLACE's or recvbuf's own
+    b.send = None if in_place else weakref.ref(sendbuf)
+    b.recv = weakref.ref(recvbuf)
+    b.op, b.comm, b.algorithm, b.timeout = op, comm, algorithm, timeout
+    b.thread, b.epoch, b.generation = _threads.code(), plan.epoch, _generation
+    b.world = MPI.COMM_WORLD if comm is None else comm
+    b.ctx, b.plan, b.auto = ctx, plan, plan.auto
+    b.sflags = None if in_place else sendbuf.flags.num
+    b.rflags, b.dtype, b.size = recvbuf.flags.num, recvbuf.dtype, recvbuf.size
+    _BOUND[id(sendbuf), id(recvbuf)] = b
+
+
+def find_bound(sendbuf, recvbuf, op, comm, algorithm, timeout) -> Optional[_Bound]:
+    """The bound call (:func:`bind`) this call repeats, else None.
+
+    What is compared: the arguments by identity, the calling thread's pairing code,
+    the settings epoch, the plan table's generation, the context (a freed communicator
+    has none), the auto state that made the plan, and of the arrays their flags
+    (writable, contiguous, aligned), dtype and size.  Everything else the
+    :func:`lookup` that found the call checked cannot change on the same two objects.
+    """
+    b = _BOUND.get((id(sendbuf), id(recvbuf)))
+    if (b is None or b.recv() is not recvbuf or b.op is not op or b.comm is not comm
+            or b.algorithm is not algorithm or b.timeout is not timeout
+            or b.generation != _generation or b.epoch != _settings.epoch
+            or recvbuf.flags.num != b.rflags or recvbuf.dtype is not b.dtype
+            or recvbuf.size != b.size or b.thread != _threads.code()):
+        return None
+    send = b.send
+    if send is not None and (send() is not sendbuf or sendbuf.flags.num != b.sflags
+                             or sendbuf.dtype is not b.dtype or sendbuf.size != b.size):
+        return None
+    ctx = b.ctx
+    if find_context(b.world) is not ctx or (
+            b.auto is not None and ctx.peek(_auto.KEY) is not b.auto):
+        return None
+    return b
+
+
+def repeat(sendbuf, recvbuf, op, comm, algorithm, timeout) -> bool:
+    """Run the call on its plan's fast way if it repeats a bound one (:func:`find_bound`)
+    and the communicator is free; False when not (nothing done: the caller goes the
+    way of :func:`lookup` and :func:`run`)."""
+    b = find_bound(sendbuf, recvbuf, op, comm, algorithm, timeout)
+    return b is not None and _fast_way(b.ctx, b.plan, recvbuf if b.send is None else sendbuf,
+                                       recvbuf, None)
+
+
 def remember(ctx: Context, algorithm: str, op, timeout, algo: Algorithm, kernel: Callable,
              dst: np.ndarray, facts: Facts, call) -> None:
     """Keep what a full-path call of this shape resolved to (``call``: its _watch.Call).
@@ -135,6 +218,8 @@ def remember(ctx: Context, algorithm: str, op, timeout, algo: Algorithm, kernel:
         hash(timeout)
     except TypeError:
         return
+    global _generation
+    _generation += 1  # bound calls go the way of lookup again
     memo = ctx.peek(_MEMO)
     if memo is None or len(memo) >= _LIMIT:
         memo = ctx.put(_MEMO, PlanCache())
@@ -143,8 +228,10 @@ def remember(ctx: Context, algorithm: str, op, timeout, algo: Algorithm, kernel:
     shape = (algorithm, key, dst.dtype, dst.size, timeout, call.fingerprint[8])
     if trial:
         def forget(memo=memo):
+            global _generation
             if memo.get(shape) is plan:
                 del memo[shape]
+                _generation += 1
         # the run passes the agreement on to each candidate that needs it
         agreement, run = True, algo.tuning(kernel, dst, call.settings, forget)
     else:
@@ -172,30 +259,37 @@ def run(ctx, plan, src, dst) -> None:
     if timeline is not None:  # timeline hook: what the call runs
         timeline.about(algorithm=plan.algo.name, number=ctx.calls + 1, comm=ctx,
                        count=plan.fingerprint[_watch.FP_COUNT], dtype=src.dtype, repeated=True)
-    fast = plan.fast
-    if fast is not None and ctx.broken is None and ctx.lock.acquire(False):
-        try:
-            number = ctx.next_call()
-            values = plan.template
-            values[0], values[1] = number, -number  # the plan's own: calls hold the lock
-            if timeline is not None:  # timeline hook: the compiled step (ended below)
-                timeline.open("compiled step", "step")
-            try:
-                rest = fast(number, plan, src, dst)
-            except BaseException as exc:  # broken off midway: the communicator breaks
-                rest = _reraise(exc)
-            if timeline is not None:
-                timeline.close()
-            if rest is not None:
-                _run_rest(ctx, plan, number, rest, src, dst)
-        finally:
-            ctx.lock.release()
+    if plan.fast is not None and _fast_way(ctx, plan, src, dst, timeline):
         return
     call = enter(ctx, "allreduce", plan.fingerprint, plan.settings, plan.words, plan.tag_offset)
     try:
         _run_recorded(ctx, plan, call, plan.run, src, dst)
     finally:
         leave(call)
+
+
+def _fast_way(ctx, plan, src, dst, timeline) -> bool:
+    """The call on ``plan.fast`` if the communicator is free and not broken (True), else
+    nothing done (False)."""
+    if ctx.broken is not None or not ctx.lock.acquire(False):
+        return False
+    try:
+        number = ctx.next_call()
+        values = plan.template
+        values[0], values[1] = number, -number  # the plan's own: calls hold the lock
+        if timeline is not None:  # timeline hook: the compiled step (ended below)
+            timeline.open("compiled step", "step")
+        try:
+            rest = plan.fast(number, plan, src, dst)
+        except BaseException as exc:  # broken off midway: the communicator breaks
+            rest = _reraise(exc)
+        if timeline is not None:
+            timeline.close()
+        if rest is not None:
+            _run_rest(ctx, plan, number, rest, src, dst)
+    finally:
+        ctx.lock.release()
+    return True
 
 
 def _run_rest(ctx, plan, number, rest, src, dst):

@@ -5,7 +5,7 @@ import pytest
 from mpi4py import MPI
 
 import pycollective
-from pycollective.runtime import context as _context
+from pycollective.runtime import context as _context, settings as _settings, threads as _threads
 from pycollective.collectives import plans as _fastpath
 from pycollective.algorithms.shm import allreduce as shm
 from pycollective.collectives.api import DEFAULT
@@ -103,6 +103,102 @@ def test_a_freed_communicator_is_not_found_again():
                                        for q in range(again.Get_size())))
     finally:
         again.Free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("count", [1, 1000, 3001])  # shm's small and sliced paths
+def test_a_bound_call_sees_what_changes_on_the_same_arrays(count):
+    """A call repeated on the same two array objects runs from their identity
+    (_fastpath.repeat): whatever can change on those objects between calls
+    (flags, dtype, settings, the thread's pairing name, the communicator) sends
+    the call back the full way, which checks and raises as before."""
+    comm = MPI.COMM_WORLD.Dup()
+    n, r = comm.Get_size(), comm.Get_rank()
+    x = exact_values(r, count, "float32", "sum")
+    expected = exact_reduce([exact_values(q, count, "float32", "sum") for q in range(n)],
+                            "sum", "float32")
+    out = np.empty_like(x)
+
+    def call(send=x, recv=out):
+        if recv.flags.writeable and send is not MPI.IN_PLACE:
+            recv[...] = -1  # a call that did not write recv fails the comparisons below
+        pycollective.allreduce(send, recv, "sum", comm=comm, algorithm="shm")
+
+    def bound():
+        return _fastpath._BOUND.get((id(x), id(out)))
+
+    try:
+        for _ in range(3):
+            call()
+        assert bound() is not None
+        out[...] = -1
+        assert _fastpath.repeat(x, out, "sum", comm, "shm", DEFAULT)  # a call on every rank
+        assert np.array_equal(out, expected)
+
+        out.flags.writeable = r != 0
+        with pytest.raises(ValueError, match="read-only"):
+            call()
+        out.flags.writeable = True
+        call()
+        assert np.array_equal(out, expected)
+
+        # the same objects as int32 (same itemsize): the int32 sum, not float32's
+        ints = np.arange(count, dtype=np.int32) * (r + 1)
+        x.dtype, out.dtype = np.int32, np.int32
+        x[...] = ints
+        call()
+        assert np.array_equal(out, np.arange(count, dtype=np.int32) * sum(range(1, n + 1)))
+        x.dtype, out.dtype = np.float32, np.float32
+        x[...] = exact_values(r, count, "float32", "sum")
+        call()
+        assert np.array_equal(out, expected)
+
+        out.dtype = np.int32  # recvbuf alone: dtypes differ
+        with pytest.raises(TypeError):
+            call()
+        out.dtype = np.float32
+
+        previous = pycollective.set_check(False)  # a settings change: the plan is stale
+        try:
+            assert not _fastpath.repeat(x, out, "sum", comm, "shm", DEFAULT)
+            call()
+            assert np.array_equal(out, expected)
+        finally:
+            pycollective.set_check(previous)
+        assert not _fastpath.repeat(x, out, "sum", comm, "shm", DEFAULT)
+        call()
+        call()
+        assert bound().epoch == _settings.epoch
+
+        # a call the table had to resolve again (a subclass never takes the cached
+        # ways) keeps a new plan: the bound calls find theirs again
+        call(x.view(_Sub), out.view(_Sub))
+        assert not _fastpath.repeat(x, out, "sum", comm, "shm", DEFAULT)
+        call()
+        call()
+
+        with _threads.pairing("another name"):  # the bound call's pairing code is not this
+            assert not _fastpath.repeat(x, out, "sum", comm, "shm", DEFAULT)
+            call()
+            assert np.array_equal(out, expected)
+
+        for _ in range(2):  # in place and out of place on the same recvbuf, alternating
+            out[...] = exact_values(r, count, "float32", "sum")
+            call(MPI.IN_PLACE)
+            assert np.array_equal(out, expected)
+            call()
+            assert np.array_equal(out, expected)
+
+        for k in range(4):  # fresh arrays every call: ids of dead ones come back
+            y = exact_values(r, count, "float32", "sum") * np.float32(k + 1)
+            z = np.empty_like(y)
+            call(y, z)
+            assert np.array_equal(z, expected * np.float32(k + 1)), k
+            del y, z
+    finally:
+        comm.Free()
+    with pytest.raises(ValueError, match="COMM_NULL"):  # the freed communicator's bound call
+        call()
 
 
 class _Sub(np.ndarray):
