@@ -45,7 +45,6 @@ from .. import algorithms as _algorithms  # noqa: F401  (importing it registers 
 from .agree import Facts
 from .call import (AUTO, DEFAULT, FAMILY, Checked, call_collective, comm_shape, resolve_comm,
                    run_collective, settings_facts)
-from .plans import run as run_remembered
 from ..runtime.context import Context
 from ..data.kernels import SUPPORTED_DTYPES, get_kernel
 from ..data.ops import MPI_OPS, OPS, resolve_op
@@ -182,15 +181,11 @@ def allreduce(sendbuf, recvbuf, op=MPI.SUM, *, comm=None, algorithm: str = "auto
         return _timeline.ACTIVE.traced(allreduce, "allreduce", (sendbuf, recvbuf, op), dict(
             comm=comm, algorithm=algorithm, timeout=timeout, compress=compress))
     if compress is None:
-        # A repeated call first: the plan cache takes only numpy arrays (host memory), so
-        # a hit needs no device check
-        if _timeline.ACTIVE is None and _plans.repeat(sendbuf, recvbuf, op, comm, algorithm,
-                                                      timeout):
-            return recvbuf
-        hit = _plans.lookup(sendbuf, recvbuf, op, comm, algorithm, timeout)
-        if hit is not None:
-            _plans.bind(sendbuf, recvbuf, op, comm, algorithm, timeout, hit)
-            run_remembered(*hit)
+        # A repeated call first: plans take only numpy arrays (host memory), so a hit
+        # needs no device check
+        if (_timeline.ACTIVE is None
+                and _plans.repeat(sendbuf, recvbuf, op, comm, algorithm, timeout)
+                or _plans.run_found(sendbuf, recvbuf, op, comm, algorithm, timeout)):
             return recvbuf
     if _buffers.device_reason(sendbuf, recvbuf) is not None:
         return _device.allreduce(

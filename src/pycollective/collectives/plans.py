@@ -201,6 +201,17 @@ def repeat(sendbuf, recvbuf, op, comm, algorithm, timeout) -> bool:
                                        recvbuf, None)
 
 
+def run_found(sendbuf, recvbuf, op, comm, algorithm, timeout) -> bool:
+    """Run the call on its plan if :func:`lookup` finds one (and :func:`bind` it for the
+    next call on the same arrays); False when not (nothing done: the full path)."""
+    found = lookup(sendbuf, recvbuf, op, comm, algorithm, timeout)
+    if found is None:
+        return False
+    bind(sendbuf, recvbuf, op, comm, algorithm, timeout, found)
+    run(*found)
+    return True
+
+
 def remember(ctx: Context, algorithm: str, op, timeout, algo: Algorithm, kernel: Callable,
              dst: np.ndarray, facts: Facts, call) -> None:
     """Keep what a full-path call of this shape resolved to (``call``: its _watch.Call).

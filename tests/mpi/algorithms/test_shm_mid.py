@@ -339,7 +339,7 @@ def test_a_rank_later_than_the_timeout_is_named():
         _free(comm)
 
 
-# --- the repeated call's fast way (_call.run_remembered, shm's ``fast``) ----------------------
+# --- the repeated call's fast way (collectives.plans.run, shm's ``fast``) ----------------------
 
 def _known(comm, count):
     """A shape whose plan and prepared call exist on every rank; returns the plan."""

@@ -129,7 +129,7 @@ class RepeatedRsag(_steps._Repeated):
         return ctl
 
     def fast(self, number, plan, src, dst):
-        """The call numbered ``number`` as one compiled step (see ``_call.run_remembered``):
+        """The call numbered ``number`` as one compiled step (see ``collectives.plans.run``):
         None once done, else the rest of the call, to run with a call record."""
         node = self.node
         if node is None or node.segment is not self.segment:
