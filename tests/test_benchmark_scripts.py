@@ -94,6 +94,18 @@ def test_rsag_comparison_runs_both_steps(tmp_path):
     assert "1e3" in output or "1000" in output, output[-3000:]
 
 
+def test_stores_comparison_runs_every_kind():
+    """benchmarks/shm/stores.py: plain, non-temporal and chosen stores in one launch, checked."""
+    proc = subprocess.run([str(ROOT / "scripts" / "run_mpi.sh"), "2",
+                           str(BENCH / "shm" / "stores.py"), "--count", "3e4", "--batches", "1",
+                           "--megabytes", "0.5"], cwd=ROOT, env=_env(), capture_output=True,
+                          text=True, timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-5000:]
+    assert re.search(r"count=\s+30000 .*non-temporal/plain .*chosen/plain .*all right", output), \
+        output[-3000:]
+
+
 def test_ways_comparison_runs_every_way(tmp_path):
     """benchmarks/shm/ways.py: slots, single copy and the chosen way in one launch, checked."""
     proc = subprocess.run([str(ROOT / "scripts" / "run_mpi.sh"), "2",

@@ -35,6 +35,7 @@ from pycollective.algorithms.shm import rsag as _rsag
 from pycollective.algorithms.shm import rsag_steps as _rsag_steps
 from pycollective.algorithms.shm import steps as _shm_steps
 from pycollective.algorithms.shm import allreduce as shm
+from pycollective.algorithms.shm import stores as _stores
 from _data import (Replicas, bitwise_equal, env, exact_reduce, exact_values, random_values)
 
 OPS = ["sum", "prod", "max", "min"]
@@ -146,6 +147,42 @@ def test_sizes_around_slices_and_limits(on, dtype, op):
             _check(comm, dtype, op, DOUBLE_LIMIT // np.dtype(dtype).itemsize + 1, failures)
         assert not failures, f"{len(failures)} failures: " + "; ".join(failures[:5])
     finally:
+        _free(comm)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("kinds", ["plain", "non-temporal", "mixed"])
+def test_non_temporal_stores_exact_in_place_and_out(on, monkeypatch, kinds):
+    """From ``CHOOSE_BYTES`` the step's copy-in and its own slice of the result may go
+    past the cache (``STREAM``; ``stores.FORCE_STORES`` pins the kind, "mixed": ranks
+    differ).  Out of place, and in place on ranks 0 and 1, the fold then runs into
+    ``dst``; in place on the others into the slot, as the own operand is ``dst``."""
+    comm = _fresh()
+    n, r = comm.Get_size(), comm.Get_rank()
+    kind = {"plain": 0, "non-temporal": 1, "mixed": r % 2}[kinds]
+    monkeypatch.setattr(_stores, "FORCE_STORES", kind)
+    seen = set()
+    original = _rsag.step, _rsag.step_half
+
+    def wrap(fn):
+        def recorded(ctl, src, dst, target, number, sides, phase):
+            seen.add(bool(sides & _rsag.STREAM))
+            return fn(ctl, src, dst, target, number, sides, phase)
+        return recorded
+    failures = []
+    try:
+        _rsag.step, _rsag.step_half = wrap(original[0]), wrap(original[1])
+        for dtype, op in (("float32", "sum"), ("float16", "sum"), ("float64", "min"),
+                          ("int8", "max")):
+            itemsize = np.dtype(dtype).itemsize
+            first = _rsag_steps.CHOOSE_BYTES // itemsize
+            for count in (first - 1, first, first + 1, 10007, 65537,
+                          DOUBLE_LIMIT // itemsize):
+                _check(comm, dtype, op, count, failures)
+        assert not failures, f"{len(failures)} failures: " + "; ".join(failures[:5])
+        assert seen == ({False, True} if kind else {False}), seen
+    finally:
+        _rsag.step, _rsag.step_half = original
         _free(comm)
 
 

@@ -20,6 +20,14 @@ for a node where every rank runs on its own core:
    combines that slice of all N inputs, operands in rank order 0..N-1 (its
    own from ``src``), block by block, into the slice of its own slot and
    ``dst``; raise the counter to the second target.
+
+What the others read (the copy-in, the own slice of the result) is written
+with plain stores, or, where the call's ``sides`` has ``STREAM``, with
+non-temporal ones that go to memory past this core's cache: on machines
+whose cores at times read each other's caches several times slower than
+memory, each rank chooses while running (``stores.Stores``, from
+``rsag_steps.CHOOSE_BYTES``; docs/results/stores.md).  The fold then runs
+into ``dst`` and streams each block into the slot.
 3. wait for the second target, then copy every other slice of the result
    from its owner's slot into ``dst``.
 
@@ -53,9 +61,10 @@ from ...node.atomics import STRIDE, _fence, _load, _sched_yield, raise_own, wait
 from ...data.kernels import _max, _max_f16, _min, _min_f16, _prod, _prod_f16, _sum, _sum_f16
 from ...node.views import view
 from .mid import _fold_native as _fold  # the same left fold as the older steps'
+from .mid import _stream
 
 __all__ = ["step", "step_half", "line_bounds", "call_word", "DONE", "WORDS_DIFFER", "LATE",
-           "CONTROL_WORDS", "FOLDED", "LINE_BYTES", "BLOCK_BYTES", "SPINS"]
+           "CONTROL_WORDS", "FOLDED", "LINE_BYTES", "BLOCK_BYTES", "SPINS", "STREAM"]
 
 DONE, WORDS_DIFFER, LATE = 0, 1, 2
 LINE_BYTES = 64
@@ -66,6 +75,9 @@ SPINS = 1 << 16         # polling passes before a wait hands back to Python
 # passes: a peer that late is not running, its core taken by another process (a node
 # busier than its affinity masks say), and spinning on would keep it from running.
 PAUSES = 1 << 12
+# ``sides`` bit: the writes the others read (the copy-in, the own slice of the result) go
+# past this core's cache with non-temporal stores (``stores.Stores`` chooses, per call).
+STREAM = 8
 CALL_WORD = STRIDE - 1  # the call word's place in a rank's counter line (unused by node.atomics)
 # The agreement row's last word: "my data are posted in this step's layout".  The
 # older folded steps write 1 there, the board agreement 0, so every path tells
@@ -183,8 +195,12 @@ def _post(ctl, flags, src, target, number, sides):
     bounds = view(ctl[BOUNDS], size + 1, np.int64)
     lo, hi = bounds[rank], bounds[rank + 1]
     mine = _slot(ctl, rank, sides, src.dtype)
-    _copy(src[:lo], mine[:lo])
-    _copy(src[hi:], mine[hi:])
+    if sides & STREAM:
+        _stream(mine[:lo], src[:lo])
+        _stream(mine[hi:], src[hi:])
+    else:
+        _copy(src[:lo], mine[:lo])
+        _copy(src[hi:], mine[hi:])
     flags[rank * STRIDE + CALL_WORD] = call_word(number, values, fingerprint)
     raise_own(flags, rank, target)  # fences: everything above before the counter
 
@@ -219,6 +235,16 @@ def _operand(ctl, q, sides, src, b, e):
 
 
 @_jit
+def _folds_into_dst(ctl, sides, src, dst):
+    """Whether the fold goes into ``dst`` and from there past the cache into the slot
+    (non-temporal stores, ``STREAM``).  Not in place on a rank past the first two: its
+    own operand is ``dst``, which the fold of operands 0 and 1 would overwrite before
+    its turn (ranks 0 and 1 read theirs in that first fold)."""
+    return (sides & STREAM) != 0 and (
+        src.ctypes.data != dst.ctypes.data or ctl[RANK] <= 1)
+
+
+@_jit
 def _copy_out(ctl, sides, dst):
     """Phase 3: every other owner's slice of the result, from its slot into ``dst``."""
     rank, size = ctl[RANK], ctl[SIZE]
@@ -237,7 +263,7 @@ def step(ctl, source, dst, target, number, sides, phase):
     """The call from ``phase`` (0 at first; what a ``LATE`` returned after Python's wait):
     ``(verdict, phase)``, verdict DONE, WORDS_DIFFER or LATE.  ``target``: the first of
     the call's two barrier targets; ``sides``: bit 0 the board, 1 the slot region, 2 the
-    header set."""
+    header set, 3 (``STREAM``) non-temporal stores for what the others read."""
     flags = view(ctl[FLAGS], ctl[SIZE] * STRIDE, np.int64)
     # by address: a read-only send buffer is typed apart from the slots' views, which a
     # fold's operands must match; nothing here writes it
@@ -257,13 +283,17 @@ def step(ctl, source, dst, target, number, sides, phase):
         lo, hi = bounds[rank], bounds[rank + 1]
         mine = _slot(ctl, rank, sides, dst.dtype)
         block = max(1, BLOCK_BYTES // dst.itemsize)
+        direct = _folds_into_dst(ctl, sides, src, dst)
         for b in range(lo, hi, block):
             e = min(b + block, hi)
-            out = mine[b:e]
+            out = dst[b:e] if direct else mine[b:e]
             _fold(op, _operand(ctl, 0, sides, src, b, e), _operand(ctl, 1, sides, src, b, e), out)
             for q in range(2, size):
                 _fold(op, out, _operand(ctl, q, sides, src, b, e), out)
-            _copy(out, dst[b:e])  # after the fold: in place, dst[b:e] was an operand
+            if direct:
+                _stream(mine[b:e], out)
+            else:
+                _copy(out, dst[b:e])  # after the fold: in place, dst[b:e] was an operand
         raise_own(flags, rank, target + 1)
         phase = 3
     if _wait(ctl, flags, target + 1) >= 0:
@@ -294,14 +324,18 @@ def step_half(ctl, source, dst, target, number, sides, phase):
         lo, hi = bounds[rank], bounds[rank + 1]
         mine = _slot(ctl, rank, sides, dst.dtype)
         block = max(1, BLOCK_BYTES // dst.itemsize)
+        direct = _folds_into_dst(ctl, sides, src, dst)
         for b in range(lo, hi, block):
             e = min(b + block, hi)
-            out = mine[b:e]
+            out = dst[b:e] if direct else mine[b:e]
             _fold_half(op, _operand(ctl, 0, sides, src, b, e),
                        _operand(ctl, 1, sides, src, b, e), out)
             for q in range(2, size):
                 _fold_half(op, out, _operand(ctl, q, sides, src, b, e), out)
-            _copy(out, dst[b:e])
+            if direct:
+                _stream(mine[b:e], out)
+            else:
+                _copy(out, dst[b:e])
         raise_own(flags, rank, target + 1)
         phase = 3
     if _wait(ctl, flags, target + 1) >= 0:

@@ -26,6 +26,7 @@ so the region is taken, and the parity flipped, only once the call is done.
 """
 
 import functools
+import time
 from typing import NamedTuple
 
 import numpy as np
@@ -34,12 +35,17 @@ from ...node.group import DOUBLE_LIMIT
 from ...node.views import address
 from . import rsag as _rsag, small as _small
 from . import steps as _steps
+from .stores import Stores
 
 __all__ = ["ENABLED", "repeated", "RepeatedRsag", "wanted"]
 
 # None: where no rank of the node sleeps in its waits; True or False: always or never
 # (tests, and benchmarks comparing the two steps; read when a call's plan is made).
 ENABLED = None
+# From this size a rank chooses while running between plain and non-temporal stores for
+# what the others read (``stores.Stores``); below, plain ones, and no call is timed: there
+# the choosing costs more than it can win (docs/results/stores.md, 2026-12-06).
+CHOOSE_BYTES = 8 << 10
 
 
 def wanted(board):
@@ -88,6 +94,7 @@ class RepeatedRsag(_steps._Repeated):
         self.step = _rsag.step_half if self.half else _rsag.step
         self.nbytes = dst.nbytes
         self.base = None  # control words but the plan's (values, fingerprint)
+        self.stores = None  # what the others read: plain or non-temporal stores (Stores)
 
     def _resolve(self, state, call, dst):
         node = state.node
@@ -114,6 +121,8 @@ class RepeatedRsag(_steps._Repeated):
         c[_rsag.DEDICATED] = 0 if group.barrier.sleep else 1
         c[_rsag.PASSES] = _rsag.SPINS
         self.base = c
+        self.stores = Stores(chooses=not group.barrier.sleep) \
+            if self.nbytes >= CHOOSE_BYTES else None
         # what the addresses point into, kept alive with this object
         return (segment, bounds, flags, boards, headers)
 
@@ -141,12 +150,17 @@ class RepeatedRsag(_steps._Repeated):
         target, side = node.group.opening_steps(number, 2)
         parity = node.parity
         sides = self.board.take_side() | parity << 1 | side << 2
+        stores = self.stores
+        kind, started = (0, 0.0) if stores is None else stores.next()
         if self.half:
             src, dst = src.view(np.uint16), dst.view(np.uint16)
-        verdict, phase = self.step(ctl, src, dst, target, number, sides, 0)
+        verdict, phase = self.step(ctl, src, dst, target, number, sides | kind * _rsag.STREAM, 0)
         if verdict == _rsag.DONE:
+            if started:
+                stores.took(kind, time.perf_counter() - started)
             node.parity, node.dirty = parity ^ 1, True  # SharedSlots.begin, grown already
             return None
+        sides |= kind * _rsag.STREAM
         return functools.partial(self._rest, RsagCall(ctl, target, number, sides), verdict, phase)
 
     def _rest(self, r, verdict, phase, ctx, call, values, src, dst):
@@ -164,6 +178,8 @@ class RepeatedRsag(_steps._Repeated):
         side = 0 if address(headers) == address(group.headers[0]) else 1
         ctl = self._words(values, call.fingerprint_words, call.fingerprint[3])
         sides = self.board.take_side() | node.parity << 1 | side << 2
+        if self.stores is not None:
+            sides |= self.stores.using * _rsag.STREAM
         data_src, data_dst = (src.view(np.uint16), dst.view(np.uint16)) if self.half \
             else (src, dst)
         verdict, phase = self.step(ctl, data_src, data_dst, target, call.number, sides, 0)

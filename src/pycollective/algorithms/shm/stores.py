@@ -31,7 +31,10 @@ class Stores:
 
     A call takes its kind from :meth:`next` and reports a timed one to
     :meth:`took`.  ``shm``'s slot path above 1 MiB keeps one per size for its
-    copy-in and the writes of its slice into the slot (``allreduce.py``).
+    copy-in and the writes of its slice into the slot (``allreduce.py``), and
+    its repeated calls below keep one per shape: the older sliced step for its
+    copy-in (``steps.py``), the reduce-scatter-allgather step from
+    ``rsag_steps.CHOOSE_BYTES`` for its copy-in and its slice of the result.
     """
 
     PROBE, SAMPLE, SWITCH = 8, 32, 0.85
