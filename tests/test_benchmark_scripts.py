@@ -106,6 +106,17 @@ def test_stores_comparison_runs_every_kind():
         output[-3000:]
 
 
+def test_dropin_overhead_times_every_way():
+    """benchmarks/dropin/overhead.py: the drop-in, the public function and the native call."""
+    proc = subprocess.run([str(ROOT / "scripts" / "run_mpi.sh"), "2",
+                           str(BENCH / "dropin" / "overhead.py"), "--count", "1e3",
+                           "--batches", "1", "--calls", "5"], cwd=ROOT, env=_env(),
+                          capture_output=True, text=True, timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-5000:]
+    assert re.search(r"^\s+1000(\s+\S+us){4}\s+\S+\s+\S+$", output, re.M), output[-3000:]
+
+
 def test_ways_comparison_runs_every_way(tmp_path):
     """benchmarks/shm/ways.py: slots, single copy and the chosen way in one launch, checked."""
     proc = subprocess.run([str(ROOT / "scripts" / "run_mpi.sh"), "2",

@@ -183,8 +183,7 @@ def allreduce(sendbuf, recvbuf, op=MPI.SUM, *, comm=None, algorithm: str = "auto
     if compress is None:
         # A repeated call first: plans take only numpy arrays (host memory), so a hit
         # needs no device check
-        if (_timeline.ACTIVE is None
-                and _plans.repeat(sendbuf, recvbuf, op, comm, algorithm, timeout)
+        if (_plans.repeat(sendbuf, recvbuf, op, comm, algorithm, timeout)
                 or _plans.run_found(sendbuf, recvbuf, op, comm, algorithm, timeout)):
             return recvbuf
     if _buffers.device_reason(sendbuf, recvbuf) is not None:

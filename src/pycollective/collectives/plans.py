@@ -194,8 +194,13 @@ def find_bound(sendbuf, recvbuf, op, comm, algorithm, timeout) -> Optional[_Boun
 
 def repeat(sendbuf, recvbuf, op, comm, algorithm, timeout) -> bool:
     """Run the call on its plan's fast way if it repeats a bound one (:func:`find_bound`)
-    and the communicator is free; False when not (nothing done: the caller goes the
-    way of :func:`lookup` and :func:`run`)."""
+    and the communicator is free and no timeline records; False when not (nothing done:
+    the caller goes the way of :func:`lookup` and :func:`run`).
+
+    A bound call's arrays were checked when it was bound, so a caller may ask this before
+    checking its arguments (the drop-in's ``Allreduce`` does)."""
+    if _timeline.ACTIVE is not None:
+        return False
     b = find_bound(sendbuf, recvbuf, op, comm, algorithm, timeout)
     return b is not None and _fast_way(b.ctx, b.plan, recvbuf if b.send is None else sendbuf,
                                        recvbuf, None)

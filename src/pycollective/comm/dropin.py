@@ -55,7 +55,11 @@ from .nonblocking import Job, Request, engine_for
 from .nonblocking import thread_multiple as _thread_multiple  # tests replace it here
 from .arguments import (_allgather_plan, _allreduce_plan, _bcast_plan, _gather_counts,
                         _invalid_allgather, _invalid_allreduce, _invalid_bcast, _invalid_reduce,
-                        _plan, _reduce_plan, _reduce_scatter_plan, reduce_scatter)
+                        _plan, _reduce_plan, _reduce_scatter_plan, plain_allreduce,
+                        reduce_scatter)
+from . import arguments as _arguments
+from ..collectives import plans as _plans
+from ..collectives.call import DEFAULT
 
 __all__ = ["Comm", "Request"]
 
@@ -201,13 +205,19 @@ class Comm(MPI.Intracomm):
         self = MPI.Intracomm.__new__(cls, comm)
         self._algorithm, self._chosen = algorithm, chosen
         self._compress = _compression.resolve(compress)
+        self._plain_comm = None
         return self
 
     def _plain(self):
         # pycollective's own calls get a plain Intracomm on the same handle:
         # the library duplicates the communicator it is given, and our Dup
         # returns a Comm whose collectives would call back into the library.
-        return MPI.Intracomm(self)
+        # Kept while the handle is the same (a repeated call is recognised by
+        # its communicator object); a freed Comm's null handle makes a new one.
+        plain = self._plain_comm
+        if plain is None or plain != self:
+            plain = self._plain_comm = MPI.Intracomm(self)
+        return plain
 
     @property
     def algorithm(self):
@@ -268,7 +278,23 @@ class Comm(MPI.Intracomm):
 
     # --- the replaced collectives: each pair from one description (_pair) ----------------------
 
-    Allreduce, Iallreduce = _pair("allreduce", "Allreduce", _allreduce)
+    _read_allreduce, Iallreduce = _pair("allreduce", "Allreduce", _allreduce)
+
+    @functools.wraps(_read_allreduce)
+    def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):
+        # A training loop's call on the same arrays is pycollective's repeated call on
+        # them (checked when it was first made), and plain numpy arrays skip the reading
+        # of MPI buffer specs; anything else is read as mpi4py reads it
+        # (docs/results/dropin.md).
+        if self._compress is None:
+            plain = self._plain()
+            algorithm = self._chosen.get("allreduce", "auto")
+            if _plans.repeat(sendbuf, recvbuf, op, plain, algorithm, DEFAULT):
+                return None
+            if plain_allreduce(sendbuf, recvbuf, op):
+                _arguments.allreduce(sendbuf, recvbuf, op, comm=plain, algorithm=algorithm)
+                return None
+        return self._read_allreduce(sendbuf, recvbuf, op)
     Reduce, Ireduce = _pair("reduce", "Reduce", _reduce)
     Reduce_scatter_block, Ireduce_scatter_block = _pair("reduce_scatter", "Reduce_scatter_block",
                                                         _reduce_scatter_block)
@@ -282,7 +308,7 @@ class Comm(MPI.Intracomm):
     def _adopt(self, new):
         if isinstance(new, Comm):
             new._algorithm, new._chosen = self._algorithm, self._chosen
-            new._compress = self._compress
+            new._compress, new._plain_comm = self._compress, None
             return new
         if new == MPI.COMM_NULL or not isinstance(new, MPI.Intracomm) \
                 or isinstance(new, (MPI.Intercomm, MPI.Topocomm)):

@@ -22,6 +22,7 @@ from mpi4py import MPI
 import pycollective
 from pycollective.data import buffers as _buffers
 from pycollective.comm import arguments as _plans  # the drop-in's calls of the public functions
+from pycollective.collectives import plans as _repeated  # the repeated calls' plans
 from _data import MPI_OPS, bitwise_equal, exact_values
 
 ALGORITHMS = pycollective.algorithms()
@@ -141,6 +142,61 @@ def _user_sum(inbuf, inoutbuf, datatype):
     a = np.frombuffer(inbuf, np.int32)
     b = np.frombuffer(inoutbuf, np.int32)
     b += 2 * a  # not SUM: a result pycollective could never produce by accident
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_loops_allreduce_on_the_same_arrays_repeats_the_bound_call(monkeypatch):
+    """A training loop's ``Allreduce`` on the same numpy arrays: after its first calls it
+    is pycollective's repeated call on them (``plans.repeat`` runs it), right as the data
+    change, in place and out, the send buffer untouched; a receive buffer made read-only
+    on one rank raises on every rank and the communicator stays right; a freed Comm
+    raises instead of reaching its old handle."""
+    world = MPI.COMM_WORLD
+    n, rank = world.Get_size(), world.Get_rank()
+    drop = pycollective.Comm(world.Dup(), algorithm="shm")
+    hits = []
+    real = _repeated.repeat
+
+    def spy(*args):
+        ran = real(*args)
+        hits.append(ran)
+        return ran
+    monkeypatch.setattr(_repeated, "repeat", spy)
+    failures = []
+    for count in (1, 1000, 3001):
+        for in_place in (False, True):
+            send, out = np.empty(count, np.float32), np.empty(count, np.float32)
+            hits.clear()
+            for i in range(6):
+                x = exact_values((rank + i) % n, count, "float32", "sum")
+                ref = np.empty_like(x)
+                world.Allreduce(x, ref)
+                if in_place:
+                    out[:] = x
+                    drop.Allreduce(MPI.IN_PLACE, out)
+                else:
+                    send[:] = x
+                    drop.Allreduce(send, out)
+                    if not bitwise_equal(send, x):
+                        failures.append(f"count {count} call {i}: sendbuf modified")
+                if not bitwise_equal(out, ref):
+                    failures.append(f"count {count} in place {in_place} call {i}: wrong")
+            if not any(hits):
+                failures.append(f"count {count} in place {in_place}: never repeated")
+    assert not failures, f"{len(failures)} failures: " + "; ".join(failures[:5])
+    if rank == 0:
+        out.flags.writeable = False
+    with pytest.raises(ValueError) as info:
+        drop.Allreduce(MPI.IN_PLACE, out)
+    assert "read-only" in str(info.value)
+    x = exact_values(rank, 7, "float64", "sum")
+    got, ref = np.empty_like(x), np.empty_like(x)
+    drop.Allreduce(x, got)
+    world.Allreduce(x, ref)
+    assert bitwise_equal(got, ref)
+    drop.Free()
+    with pytest.raises(ValueError, match="COMM_NULL"):
+        drop.Allreduce(x, got)
 
 
 @pytest.mark.mpi(min_size=2)
