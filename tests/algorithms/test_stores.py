@@ -128,3 +128,32 @@ def test_a_forced_kind_is_used_and_not_timed(monkeypatch):
     stores = Stores(every=1)
     kinds, timed = _run(stores, {0: 10e-6, 1: 90e-6}, 50)
     assert set(kinds) == {1} and timed == []
+
+
+def test_a_family_starts_new_shapes_with_the_kind_one_shape_found_clearly_faster(monkeypatch):
+    """The machine's state is the launch's: once one Stores of a family has found a kind
+    clearly faster, a new one of the family starts with it, without the alternating
+    probe, and still samples the other kind (and switches if that turns faster); a
+    Stores of no family, or of another, probes as before."""
+    monkeypatch.setattr(_stores, "_SETTLED", {})
+    slow_plain = {0: 40e-6, 1: 10e-6}  # the slow state: non-temporal clearly faster
+    first = Stores(family="f")
+    kinds, _ = _run(first, slow_plain, 40)
+    assert kinds[:Stores.PROBE] == [1, 0] * (Stores.PROBE // 2) and first.using == 1
+    second = Stores(family="f")
+    kinds, timed = _run(second, slow_plain, 200)
+    assert kinds[:Stores.PROBE] == [1] * Stores.PROBE, "a new shape of the family probed"
+    assert 0 in kinds, "the other kind is never sampled"
+    assert second.using == 1 and timed and timed[0] == Stores.PROBE + 8
+    # no family, another family, and a Stores that does not choose: as before
+    for other in (Stores(), Stores(family="g")):
+        kinds, _ = _run(other, slow_plain, Stores.PROBE)
+        assert kinds == [1, 0] * (Stores.PROBE // 2)
+    assert Stores(chooses=False, family="f").using == 0
+    # the state turns: the family's shape that sees plain clearly faster switches, and
+    # new shapes follow it
+    fast_plain = {0: 10e-6, 1: 30e-6}
+    _run(second, fast_plain, 2000)
+    assert second.using == 0
+    third = Stores(family="f")
+    assert _run(third, fast_plain, Stores.PROBE)[0] == [0] * Stores.PROBE

@@ -121,7 +121,7 @@ class RepeatedRsag(_steps._Repeated):
         c[_rsag.DEDICATED] = 0 if group.barrier.sleep else 1
         c[_rsag.PASSES] = _rsag.SPINS
         self.base = c
-        self.stores = Stores(chooses=not group.barrier.sleep) \
+        self.stores = Stores(chooses=not group.barrier.sleep, family="rsag") \
             if self.nbytes >= CHOOSE_BYTES else None
         # what the addresses point into, kept alive with this object
         return (segment, bounds, flags, boards, headers)

@@ -9,6 +9,9 @@ __all__ = ["Stores", "FORCE_STORES"]
 # None: each chooses while running.  For benchmarks and tests.
 FORCE_STORES = None
 
+# {family: kind}: the kind a Stores of the family found clearly faster last (see Stores).
+_SETTLED = {}
+
 
 class Stores:
     """Which stores a rank's repeated sliced call copies its input in with, chosen
@@ -30,7 +33,15 @@ class Stores:
     (docs/results/stores.md).
 
     A call takes its kind from :meth:`next` and reports a timed one to
-    :meth:`took`.  ``shm``'s slot path above 1 MiB keeps one per size for its
+    :meth:`took`.
+
+    The state is the launch's, not the shape's: where one shape's calls have
+    found one kind clearly faster, a new shape of the same ``family`` starts
+    with that kind and samples the other as a settled one does, instead of
+    alternating the two (whose slower half would cost its first calls, and
+    ``auto``'s trials of them, up to 4x: docs/results/stores.md).
+
+    ``shm``'s slot path above 1 MiB keeps one per size for its
     copy-in and the writes of its slice into the slot (``allreduce.py``), and
     its repeated calls below keep one per shape: the older sliced step for its
     copy-in (``steps.py``), the reduce-scatter-allgather step from
@@ -41,18 +52,23 @@ class Stores:
     # Where the kind not in use took 1.25x as long or more, it is tried 4x less
     # often: each try costs that much (docs/results/stores.md).
     CLEAR, RARELY = 1.25, 128
-    __slots__ = ("calls", "mask", "using", "recent", "median", "sample", "every")
+    __slots__ = ("calls", "mask", "using", "recent", "median", "sample", "every", "family")
 
-    def __init__(self, chooses=True, fixed=0, every=8):
+    def __init__(self, chooses=True, fixed=0, every=8, family=None):
         """``chooses``: False where this rank's waits sleep (its node's ranks outnumber
         their cores, or ``PYCOLLECTIVE_SHM_WAIT=sleep``): there a call's time is mostly
         which rank the scheduler ran when, too noisy to choose from, and
         the calls keep the ``fixed`` kind.  ``every``: once probed, one call in this
-        many is timed (a power of two; 1 where a call is long beside a clock read)."""
+        many is timed (a power of two; 1 where a call is long beside a clock read).
+        ``family``: a name shared by the Stores whose calls meet the same machine
+        state (None: this one learns alone)."""
         self.calls, self.using, self.sample = 0, 0 if chooses else fixed, self.SAMPLE
-        self.every = every
+        self.every, self.family = every, family
         self.mask = 0 if chooses else -1  # -1: no call is timed
         self.recent, self.median = ([], []), [0.0, 0.0]
+        known = _SETTLED.get(family) if chooses and family is not None else None
+        if known is not None:  # settled from the start: no alternating probe
+            self.calls, self.mask, self.using = self.PROBE, every - 1, known
 
     def next(self):
         """Count a call; (its kind, its start time if it is timed, else 0.0).  A timed
@@ -88,4 +104,7 @@ class Stores:
         mine, other = self.median[using], self.median[1 - using]
         if 0.0 < other < self.SWITCH * mine:
             self.using, mine, other = 1 - using, other, mine
-        self.sample = self.RARELY if other >= self.CLEAR * mine else self.SAMPLE
+        clear = other >= self.CLEAR * mine
+        self.sample = self.RARELY if clear else self.SAMPLE
+        if clear and self.family is not None:
+            _SETTLED[self.family] = self.using
