@@ -2,6 +2,7 @@
 and the wrapped library's own ``Allreduce``, on the same arrays, in one launch.
 
     scripts/run_mpi.sh 2 benchmarks/dropin/overhead.py --count 1 1e3 1e4 1e5
+    scripts/run_mpi.sh 2 benchmarks/dropin/overhead.py --count 1e3 1e4 --rows 10   # shaped
 
 A training script that swaps ``MPI.COMM_WORLD`` for ``pycollective.Comm(MPI.COMM_WORLD)``
 calls ``comm.Allreduce(grad, out, op=MPI.SUM)`` (or in place) on the same arrays every
@@ -32,6 +33,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=float, nargs="+", default=[1, 1e3, 1e4, 1e5])
     parser.add_argument("--batches", type=int, default=7)
+    parser.add_argument("--rows", type=int, default=1,
+                        help="arrays shaped (ROWS, count / ROWS) where it divides (a layer's "
+                             "gradient), else flat")
     parser.add_argument("--calls", type=int, default=1000,
                         help="calls per batch at most (fewer for large counts)")
     args = parser.parse_args()
@@ -45,6 +49,8 @@ def main():
               f"{'dropin/public':>14} {'dropin/native':>14}", flush=True)
     for count in (int(c) for c in args.count):
         send, expected = _exact.exact_case(count, r, n)
+        if args.rows > 1 and count % args.rows == 0:
+            send, expected = send.reshape(args.rows, -1), expected.reshape(args.rows, -1)
         out, buf = np.empty_like(send), np.empty_like(send)
         calls = max(5, min(args.calls, int(4e8 // max(1, send.nbytes * 100))))
         ways = {

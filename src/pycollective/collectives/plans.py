@@ -19,7 +19,7 @@ the only place that writes a plan's arrays: each call's number into the
 agreement template the fast way reads by address).
 
 A plan with a fast way is also kept under the identity of the call's two
-1-D arrays (:func:`bind`, :func:`repeat`): a later call on the same array objects with the
+arrays (:func:`bind`, :func:`repeat`): a later call on the same array objects with the
 same arguments re-checks only what can change on an array object between
 calls (its flags, dtype and size) and runs the fast way, without the
 shape's key, the context's plan table or the overlap test.  The arrays are
@@ -143,12 +143,12 @@ class _Bound:
 
 
 def bind(sendbuf, recvbuf, op, comm, algorithm, timeout, found) -> None:
-    """Keep a call :func:`lookup` found (``found``) under its arrays' identity, for
-    :func:`repeat`: where its plan has a fast way and both arrays are 1-D (a flat
-    view of a shaped array would have to be kept, and would keep the array alive)."""
+    """Keep a call :func:`lookup` found (``found``) under its arrays' identity (weak
+    references: the arrays' own lives are not changed), for :func:`repeat`: where its
+    plan has a fast way."""
     ctx, plan = found[0], found[1]
     in_place = sendbuf is MPI.IN_PLACE or sendbuf is recvbuf
-    if plan.fast is None or recvbuf.ndim != 1 or not in_place and sendbuf.ndim != 1:
+    if plan.fast is None:
         return
     if len(_BOUND) >= _BOUND_LIMIT:
         _BOUND.clear()
@@ -202,8 +202,14 @@ def repeat(sendbuf, recvbuf, op, comm, algorithm, timeout) -> bool:
     if _timeline.ACTIVE is not None:
         return False
     b = find_bound(sendbuf, recvbuf, op, comm, algorithm, timeout)
-    return b is not None and _fast_way(b.ctx, b.plan, recvbuf if b.send is None else sendbuf,
-                                       recvbuf, None)
+    if b is None:
+        return False
+    # flat views of shaped arrays, made per call: kept, they would keep the arrays alive
+    dst = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)
+    if b.send is None:
+        return _fast_way(b.ctx, b.plan, dst, dst, None)
+    return _fast_way(b.ctx, b.plan, sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1),
+                     dst, None)
 
 
 def run_found(sendbuf, recvbuf, op, comm, algorithm, timeout) -> bool:

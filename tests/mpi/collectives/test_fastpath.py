@@ -189,6 +189,25 @@ def test_a_bound_call_sees_what_changes_on_the_same_arrays(count):
             call()
             assert np.array_equal(out, expected)
 
+        # shaped arrays are bound too (their flat views made per call), and a shape set
+        # in place on the same objects still reduces every element
+        xs, outs = x.reshape(count, 1).copy(), np.empty((count, 1), np.float32)
+        for shape in ((count, 1), (count, 1), (1, count), (count,), (1, 1, count)):
+            xs.shape, outs.shape = shape, shape
+            outs[...] = -1
+            pycollective.allreduce(xs, outs, "sum", comm=comm, algorithm="shm")
+            assert np.array_equal(outs.reshape(-1), expected), shape
+        assert _fastpath._BOUND.get((id(xs), id(outs))) is not None
+        outs[...] = -1
+        assert _fastpath.repeat(xs, outs, "sum", comm, "shm", DEFAULT)
+        assert np.array_equal(outs.reshape(-1), expected)
+        outs[...] = x.reshape(outs.shape)
+        pycollective.allreduce(MPI.IN_PLACE, outs, "sum", comm=comm, algorithm="shm")
+        pycollective.allreduce(xs, outs, "sum", comm=comm, algorithm="shm")
+        outs[...] = x.reshape(outs.shape)
+        assert _fastpath.repeat(MPI.IN_PLACE, outs, "sum", comm, "shm", DEFAULT)
+        assert np.array_equal(outs.reshape(-1), expected)
+
         for k in range(4):  # fresh arrays every call: ids of dead ones come back
             y = exact_values(r, count, "float32", "sum") * np.float32(k + 1)
             z = np.empty_like(y)
