@@ -40,6 +40,7 @@ from ..runtime.context import Context, Key, find_context
 from ..runtime.registry import Algorithm
 from ..runtime import threads as _threads
 from .. import timeline as _timeline
+from ..data.buffers import as_they_are
 
 __all__ = ["Plan", "PlanCache", "lookup", "remember", "run", "bind", "find_bound", "repeat"]
 
@@ -115,21 +116,11 @@ def lookup(sendbuf, recvbuf, op, comm, algorithm, timeout) -> Optional[tuple]:
     if plan is None or plan.epoch != _settings.epoch or (
             plan.auto is not None and ctx.peek(_auto.KEY) is not plan.auto):
         return None
-    flags = recvbuf.flags
-    if not (flags.c_contiguous and flags.writeable):
+    if not as_they_are(sendbuf, recvbuf):
         return None
     dst = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)
     if sendbuf is MPI.IN_PLACE or sendbuf is recvbuf:
         return ctx, plan, dst, dst
-    if type(sendbuf) is not np.ndarray:
-        return None
-    sflags = sendbuf.flags
-    # Two arrays that each own their memory are two allocations: they cannot
-    # overlap, and saying so costs a tenth of np.may_share_memory (0.3 us).
-    if (not sflags.c_contiguous or sendbuf.dtype != recvbuf.dtype
-            or sendbuf.size != recvbuf.size
-            or not (sflags.owndata and flags.owndata or not np.may_share_memory(sendbuf, recvbuf))):
-        return None
     return ctx, plan, (sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1)), dst
 
 

@@ -44,7 +44,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import compression as _compression
-from ..data.buffers import (Fallback, Invalid, is_in_place, movable, op_reason, parse,
+from ..data.buffers import (Fallback, Invalid, as_they_are, is_in_place, movable, op_reason, parse,
                             reduction_dtype, spec_array, spec_datatype, spec_memory, vector_layout)
 # The public calls are looked up at each call (tests spy on them here).
 from ..collectives.api import allgather, allgatherv, allreduce, bcast, reduce, reduce_scatter
@@ -151,27 +151,16 @@ _PLAIN_DTYPES = frozenset(d for d in SUPPORTED_DTYPES if d.kind in "fiu")
 
 
 def plain_allreduce(sendbuf, recvbuf, op) -> bool:
-    """Whether an Allreduce needs no reading of MPI buffer specs: numpy arrays
-    (``np.ndarray`` itself, C-contiguous, the receive one writable) of one plain dtype and
-    size that are the same array or cannot overlap, or ``MPI.IN_PLACE``, and a predefined
-    op (by identity).  Such a call is :func:`allreduce` on the arrays as they are, the
-    call ``_allreduce_plan`` would make on views of them, and nothing it could raise on
-    this rank alone is left (the plan raises those on every rank)."""
+    """Whether an Allreduce needs no reading of MPI buffer specs: numpy arrays as they are
+    (:func:`~pycollective.data.buffers.as_they_are`) of a plain dtype and a predefined op.
+    Such a call is :func:`allreduce` on the arrays, the call ``_allreduce_plan`` would
+    make on views of them, and nothing it could raise on this rank alone is left (the
+    plan raises those on every rank)."""
     if type(recvbuf) is not np.ndarray or recvbuf.dtype not in _PLAIN_DTYPES:
         return False
     if not (op is MPI.SUM or op in _PLAIN_OPS):  # "in": identity first, then equality
         return False
-    flags = recvbuf.flags
-    if not (flags.c_contiguous and flags.writeable):
-        return False
-    if sendbuf is MPI.IN_PLACE or sendbuf is recvbuf:
-        return True
-    if type(sendbuf) is not np.ndarray:
-        return False
-    sflags = sendbuf.flags
-    return (sflags.c_contiguous and sendbuf.dtype == recvbuf.dtype
-            and sendbuf.size == recvbuf.size
-            and (sflags.owndata and flags.owndata or not np.may_share_memory(sendbuf, recvbuf)))
+    return as_they_are(sendbuf, recvbuf)
 
 
 def _allreduce_plan(sendbuf, recvbuf, op):

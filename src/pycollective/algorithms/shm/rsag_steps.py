@@ -44,7 +44,7 @@ __all__ = ["ENABLED", "repeated", "RepeatedRsag", "wanted"]
 ENABLED = None
 # From this size a rank chooses while running between plain and non-temporal stores for
 # what the others read (``stores.Stores``); below, plain ones, and no call is timed: there
-# the choosing costs more than it can win (docs/results/stores.md, 2026-12-06).
+# the choosing costs more than it can win (docs/results/stores.md).
 CHOOSE_BYTES = 8 << 10
 
 
@@ -83,7 +83,7 @@ class RsagCall(NamedTuple):
     ctl: np.ndarray           # its control words (the call's agreement vector and fingerprint)
     target: int               # the first sync's barrier target (the second is target + 1)
     number: int               # the call's number
-    sides: int                # board side | slot parity << 1 | header side << 2
+    sides: int                # board side | slot parity << 1 | header side << 2 | STREAM
 
 
 class RepeatedRsag(_steps._Repeated):
@@ -149,18 +149,17 @@ class RepeatedRsag(_steps._Repeated):
             self.plan = plan
         target, side = node.group.opening_steps(number, 2)
         parity = node.parity
-        sides = self.board.take_side() | parity << 1 | side << 2
         stores = self.stores
         kind, started = (0, 0.0) if stores is None else stores.next()
+        sides = self.board.take_side() | parity << 1 | side << 2 | kind * _rsag.STREAM
         if self.half:
             src, dst = src.view(np.uint16), dst.view(np.uint16)
-        verdict, phase = self.step(ctl, src, dst, target, number, sides | kind * _rsag.STREAM, 0)
+        verdict, phase = self.step(ctl, src, dst, target, number, sides, 0)
         if verdict == _rsag.DONE:
             if started:
                 stores.took(kind, time.perf_counter() - started)
             node.parity, node.dirty = parity ^ 1, True  # SharedSlots.begin, grown already
             return None
-        sides |= kind * _rsag.STREAM
         return functools.partial(self._rest, RsagCall(ctl, target, number, sides), verdict, phase)
 
     def _rest(self, r, verdict, phase, ctx, call, values, src, dst):

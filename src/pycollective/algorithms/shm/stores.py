@@ -39,7 +39,7 @@ class Stores:
     found one kind clearly faster, a new shape of the same ``family`` starts
     with that kind and samples the other as a settled one does, instead of
     alternating the two (whose slower half would cost its first calls, and
-    ``auto``'s trials of them, up to 4x: docs/results/stores.md).
+    ``auto``'s trials of them, several times over: docs/results/stores.md).
 
     ``shm``'s slot path above 1 MiB keeps one per size for its
     copy-in and the writes of its slice into the slot (``allreduce.py``), and

@@ -48,7 +48,8 @@ read at all: passed to a collective in its place, it raises that error in the
 collective's local checks, so the agreement step reports it on every rank.
 
 The parts: ``_common`` (errors, :class:`Invalid`, :data:`RAW`), ``_dlpack``,
-``_memory`` (any buffer: :func:`memory`, :func:`flat`, :func:`device_reason`),
+``_memory`` (any buffer: :func:`memory`, :func:`flat`, :func:`device_reason`;
+:func:`as_they_are`, the repeated calls' test of two numpy arrays),
 ``_specs`` (mpi4py's buffer specifications), ``_datatypes`` (the ops and
 datatypes served, and the log of fallbacks).  Import names from here.
 
@@ -58,10 +59,10 @@ Layer 0: no communicator and no MPI call beyond datatype queries.
 from ._common import RAW, BufferSpecError, DeviceMemory, Fallback, Invalid, is_in_place
 from ._datatypes import _logged, forget_logged, log_fallback, movable, op_reason, reduction_dtype                    # tests read it)
 from ._dlpack import _DLManaged, _DLManagedVersioned  # noqa: F401  (tests build capsules)
-from ._memory import device_reason, flat, memory
+from ._memory import as_they_are, device_reason, flat, memory
 from ._specs import Spec, parse, spec_array, spec_datatype, spec_memory, vector_layout
 
 __all__ = ["BufferSpecError", "Fallback", "DeviceMemory", "Invalid", "memory", "flat",
            "device_reason", "Spec", "parse", "spec_datatype", "spec_memory", "spec_array",
            "vector_layout", "op_reason", "reduction_dtype", "movable", "log_fallback",
-           "forget_logged", "is_in_place", "RAW"]
+           "forget_logged", "is_in_place", "RAW", "as_they_are"]

@@ -10,6 +10,28 @@ from ._dlpack import dlpack_device, from_dlpack
 from ._classify import HOST_DEVICES, classify, device_name
 from ._cai import cai_host_view
 
+def as_they_are(sendbuf, recvbuf) -> bool:
+    """Whether two arguments are numpy arrays a reduction can take as they are, with no
+    view or check of its own beside: ``recvbuf`` an ``np.ndarray`` (not a subclass),
+    C-contiguous and writable; ``sendbuf`` ``MPI.IN_PLACE``, ``recvbuf`` itself, or an
+    ``np.ndarray`` of its dtype and size, C-contiguous, that cannot overlap it."""
+    if type(recvbuf) is not np.ndarray:
+        return False
+    flags = recvbuf.flags
+    if not (flags.c_contiguous and flags.writeable):
+        return False
+    if sendbuf is MPI.IN_PLACE or sendbuf is recvbuf:
+        return True
+    if type(sendbuf) is not np.ndarray:
+        return False
+    sflags = sendbuf.flags
+    # Two arrays that each own their memory are two allocations: they cannot overlap,
+    # and saying so costs far less than np.may_share_memory.
+    return (sflags.c_contiguous and sendbuf.dtype == recvbuf.dtype
+            and sendbuf.size == recvbuf.size
+            and (sflags.owndata and flags.owndata or not np.may_share_memory(sendbuf, recvbuf)))
+
+
 def _not_a_buffer(obj, name):
     return TypeError(f"{name} must be a numpy array or a buffer (buffer protocol or DLPack), "
                      f"got {type(obj).__name__}")
