@@ -81,6 +81,7 @@ class Plan(NamedTuple):
     agreement: bool                    # whether the call runs the agreement step
     run: Callable                      # run(ctx, call, values, src, dst) -> agreed?
     fast: Optional[Callable]           # fast(number, plan, src, dst) -> None or the rest
+    entered: Optional[Callable]        # entered(plan, src, dst) -> None or (number, rest)
 
 
 def _op_key(op):
@@ -253,7 +254,8 @@ def remember(ctx: Context, algorithm: str, op, timeout, algo: Algorithm, kernel:
     plan = memo[shape] = Plan(
         algo, kernel, template, facts, auto, call.settings,
         call.fingerprint, call.fingerprint_words, call.tag_offset, _settings.epoch,
-        agreement, run, None if trial else getattr(run, "fast", None))
+        agreement, run, None if trial else getattr(run, "fast", None),
+        None if trial else getattr(run, "entered", None))
 
 
 def run(ctx, plan, src, dst) -> None:
@@ -287,6 +289,15 @@ def _fast_way(ctx, plan, src, dst, timeline) -> bool:
     if ctx.broken is not None or not ctx.lock.acquire(False):
         return False
     try:
+        if plan.entered is not None and timeline is None:
+            # numbered and booked by the compiled step itself
+            try:
+                rest = plan.entered(plan, src, dst)
+            except BaseException as exc:  # broken off midway: the communicator breaks
+                rest = ctx.calls, _reraise(exc)
+            if rest is not None:
+                _run_rest(ctx, plan, rest[0], rest[1], src, dst)
+            return True
         number = ctx.next_call()
         values = plan.template
         values[0], values[1] = number, -number  # the plan's own: calls hold the lock

@@ -43,7 +43,8 @@ from ..runtime import threads as _threads
 # because the node's users know them from here.
 __all__ = ["Segment", "NodeGroup", "whole_node", "FlagBarrier", "SharedSlots", "SharedMax",
            "node_comm", "wait_modes", "reduce_block", "copy_in", "reduce_own_slice", "copy_out",
-           "BLOCK_BYTES", "DOUBLE_LIMIT"]
+           "BLOCK_BYTES", "DOUBLE_LIMIT", "STEP_WORDS", "NUMBER", "STEP", "PUBLISHED", "LAST",
+           "UNCHECKED", "PARITY", "DIRTY"]
 
 BLOCK_BYTES = 128 << 10      # reduction block: N inputs + output stay in a 2 MB L2
 DOUBLE_LIMIT = 1 << 20       # up to this, alternate two regions (no trailing sync)
@@ -55,6 +56,14 @@ _CMA_WORDS = 8               # per rank: pid, src/dst address, nbytes; src/dst i
 _OK_WORDS = 8                # per rank: "I mapped the new segment"
 _MAIL_WORDS = 64             # rank 0's mailbox (pickled, for segment exchange)
 _BOARD_WIDTH = 24            # int64 per agreement row (3 + 2 facts x 10, padded)
+
+# NodeGroup.words: the call whose steps this rank is in, its last step, header sets
+# published so far (the next uses set PUBLISHED & 1), the last barrier target, and the
+# header set not yet checked (-1: none).
+NUMBER, STEP, PUBLISHED, LAST, UNCHECKED = range(5)
+STEP_WORDS = 5
+# SharedSlots.words
+PARITY, DIRTY = 0, 1
 
 
 def node_comm(comm):
@@ -124,8 +133,10 @@ class NodeGroup:
         self.boards = view["boards"].reshape(2, n, _BOARD_WIDTH)
         sleep, wakes = wait_modes(comm)
         self.barrier = FlagBarrier(view["flags"], self.rank, n, progress, sleep, wakes)
-        self._number, self._step, self._published, self._last = -1, 0, 0, 0
-        self._unchecked = None  # this call's headers, until a sync checks them
+        # The step bookkeeping (see :data:`STEP_WORDS`): words of an array, so that a
+        # compiled entry can open a call itself (``algorithms/shm/rsag.py``).
+        self.words = np.zeros(STEP_WORDS, np.int64)
+        self.words[NUMBER], self.words[UNCHECKED] = -1, -1
         self.cma[self.rank, 4:] = -1  # no shared allocation published (see node.arrays)
         comm.Barrier()  # every counter is zero before anyone waits on it
 
@@ -142,24 +153,28 @@ class NodeGroup:
         names a rank's bad argument instead of the difference it makes.
         """
         call = _watch.current()
+        w = self.words
         if call is None:
             # Outside any call (setting up, profiling): the next target after
             # the last one, which every rank reaches through the same steps.
-            self._last += 1
-            self.barrier.sync(self._last)
+            w[LAST] += 1
+            self.barrier.sync(w.item(LAST))
             return
-        if call.number != self._number:
-            self._number, self._step = call.number, 0
-            self._unchecked = self.publish(call)
-        self._step += 1
-        self._last = (call.number << 24) + self._step
+        if call.number != w.item(NUMBER):
+            w[NUMBER], w[STEP] = call.number, 0
+            w[UNCHECKED] = w[PUBLISHED] & 1
+            self.publish(call)
+        w[STEP] += 1
+        last = (call.number << 24) + w.item(STEP)
+        w[LAST] = last
         if _timeline.ACTIVE is not None:  # timeline hook: waiting for the node's ranks
             _timeline.ACTIVE.open("sync", "wait")
-        self.barrier.sync(self._last)
+        self.barrier.sync(last)
         if _timeline.ACTIVE is not None:  # timeline hook: the sync's end
             _timeline.ACTIVE.close()
-        if check and self._unchecked is not None:
-            rows, self._unchecked = self._unchecked, None
+        if check and w[UNCHECKED] >= 0:
+            rows = self.headers[w.item(UNCHECKED)]
+            w[UNCHECKED] = -1
             self.check(call, rows)
 
     def compiled_step(self, call, check):
@@ -173,16 +188,20 @@ class NodeGroup:
         as :meth:`sync`, so both kinds of step mix within one call.
         """
         publish = None
-        if call.number != self._number:
-            self._number, self._step = call.number, 0
-            publish = self._unchecked = self.headers[self._published & 1]
-            self._published += 1
-        self._step += 1
-        self._last = (call.number << 24) + self._step
+        w = self.words
+        if call.number != w.item(NUMBER):
+            w[NUMBER], w[STEP] = call.number, 0
+            side = w.item(PUBLISHED) & 1
+            publish, w[UNCHECKED] = self.headers[side], side
+            w[PUBLISHED] += 1
+        w[STEP] += 1
+        last = (call.number << 24) + w.item(STEP)
+        w[LAST] = last
         checking = None
-        if check and self._unchecked is not None:
-            checking, self._unchecked = self._unchecked, None
-        return self._last, publish, checking
+        if check and w[UNCHECKED] >= 0:
+            checking = self.headers[w.item(UNCHECKED)]
+            w[UNCHECKED] = -1
+        return last, publish, checking
 
     def opening_steps(self, number, steps):
         """:meth:`compiled_step` with ``check`` for the first ``steps`` syncs of a new call
@@ -190,20 +209,30 @@ class NodeGroup:
         way, ``algorithms/shm/steps.py``).  Returns the first target (the others follow it
         by one) and which header set to publish into, which the first sync also checks:
         ``headers[side]`` (0 or 1)."""
-        side = self._published & 1
-        self._published += 1
-        self._number, self._step, self._unchecked = number, steps, None
-        self._last = (number << 24) + steps
-        return self._last - steps + 1, side
+        w = self.words
+        side = w.item(PUBLISHED) & 1
+        w[PUBLISHED] += 1
+        w[NUMBER], w[STEP], w[UNCHECKED] = number, steps, -1
+        last = (number << 24) + steps
+        w[LAST] = last
+        return last - steps + 1, side
+
+    def rewind(self, number, step):
+        """Leave the step count at ``step`` of call ``number``, its headers checked (a
+        compiled step that took the call's first ``step`` syncs, handing the rest to an
+        older step)."""
+        w = self.words
+        w[NUMBER], w[STEP], w[UNCHECKED] = number, step, -1
+        w[LAST] = (number << 24) + step
 
     def header_set(self):
         """The header set this rank published last (its current call's)."""
-        return self.headers[(self._published - 1) & 1]
+        return self.headers[(self.words.item(PUBLISHED) - 1) & 1]
 
     def publish(self, call):
         """Write ``call``'s number and fingerprint into this rank's header; return the set."""
-        rows = self.headers[self._published & 1]
-        self._published += 1
+        rows = self.headers[self.words.item(PUBLISHED) & 1]
+        self.words[PUBLISHED] += 1
         mine = rows[self.rank]
         mine[0] = call.number
         mine[1:1 + len(call.fingerprint_words)] = call.fingerprint_words
@@ -318,7 +347,12 @@ class SharedMax:
 
     def __init__(self, group):
         self.group = group
-        self.parity = 0
+        # words[0]: the side the next MAX takes (an array's word: compiled entries take it)
+        self.words = np.zeros(1, np.int64)
+
+    @property
+    def parity(self):
+        return self.words.item(0)
 
     def take(self):
         """The board of this MAX (they alternate); the next MAX takes the other.  Compiled
@@ -327,8 +361,9 @@ class SharedMax:
 
     def take_side(self):
         """:meth:`take`, as which of the two boards it is (``group.boards[side]``)."""
-        side = self.parity
-        self.parity ^= 1
+        w = self.words
+        side = w.item(0)
+        w[0] = side ^ 1
         return side
 
     @staticmethod
@@ -364,8 +399,26 @@ class SharedSlots:
         self.capacity = 0
         self.raw = []          # uint8 view of every rank's whole slot
         self.views = {}        # (offset, nbytes, dtype) -> tuple of typed slot views
-        self.parity = 0
-        self.dirty = False     # True while a rank may still read the last region
+        # words[PARITY]: the region the next call up to DOUBLE_LIMIT takes; words[DIRTY]:
+        # 1 while a rank may still read the last region.  Words of an array: compiled
+        # entries take and flip them (algorithms/shm/rsag.py).
+        self.words = np.zeros(2, np.int64)
+
+    @property
+    def parity(self):
+        return self.words.item(PARITY)
+
+    @parity.setter
+    def parity(self, value):
+        self.words[PARITY] = value
+
+    @property
+    def dirty(self):
+        return bool(self.words[DIRTY])
+
+    @dirty.setter
+    def dirty(self, value):
+        self.words[DIRTY] = bool(value)
 
     def ensure(self, nbytes):
         """Make every slot hold at least ``nbytes`` (collective when it grows)."""
@@ -436,10 +489,10 @@ class SharedSlots:
         if nbytes <= DOUBLE_LIMIT:
             if 2 * nbytes > self.capacity:  # (tested here too: most calls need no frame)
                 self.ensure(2 * nbytes)
-            offset = self.parity * (self.capacity // 2)
-            self.parity ^= 1
-            self.dirty = True
-            return offset, False
+            w = self.words
+            parity = w.item(PARITY)
+            w[PARITY], w[DIRTY] = parity ^ 1, 1
+            return parity * (self.capacity // 2), False
         self.ensure(nbytes)
         if self.dirty:
             self.sync()

@@ -41,6 +41,8 @@ from .._errors import CollectiveError
 __all__ = ["Context", "Key", "get_context", "find_context", "comm_settings", "set_comm_setting",
            "live_contexts"]
 
+CALLS = 0  # Context.words: the last call's number
+
 _KEEP_BYTES = 64 << 20
 
 T = TypeVar("T")
@@ -82,7 +84,7 @@ def describe_comm(comm) -> str:
 class Context:
     """Private communicator, rank, size, scratch space and cached state of one user comm."""
 
-    __slots__ = ("comm", "rank", "size", "label", "lock", "calls", "broken", "pending_notices",
+    __slots__ = ("comm", "rank", "size", "label", "lock", "words", "broken", "pending_notices",
                  "early_notices", "hosts", "token", "_scratch", "_cache", "__weakref__")
 
     def __init__(self, comm, label=None):
@@ -91,7 +93,10 @@ class Context:
         self.size = comm.Get_size() if comm != MPI.COMM_NULL else 0
         self.label = label or describe_comm(comm)
         self.lock = threading.Lock()   # one collective at a time on this communicator
-        self.calls = 0                 # collectives started on it, numbered from 1
+        # words[CALLS]: collectives started on it, numbered from 1 (``calls``).  A word of
+        # an array, not an attribute, so a compiled step can number its call itself
+        # (``algorithms/shm/rsag.py``'s entry) while the lock is held.
+        self.words = np.zeros(1, np.int64)
         self.broken: Optional[BaseException] = None
         self.pending_notices = []      # side-channel sends not yet completed
         self.early_notices = []        # side-channel notices about a later call
@@ -112,8 +117,14 @@ class Context:
         numbers follow the order of calls on the communicator, which MPI
         requires to be the same on every rank.
         """
-        self.calls += 1
-        return self.calls
+        words = self.words
+        words[CALLS] += 1
+        return words.item(CALLS)
+
+    @property
+    def calls(self) -> int:
+        """Collectives started on this communicator (the last call's number)."""
+        return self.words.item(CALLS)
 
     def scratch(self, slot: Key, count: int, dtype) -> np.ndarray:
         """Return an uninitialised array of ``count`` ``dtype`` elements.

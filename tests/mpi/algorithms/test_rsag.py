@@ -61,20 +61,24 @@ def _free(comm):
 
 @contextmanager
 def _counted():
-    """Count the compiled step's calls (both kinds); plans made inside take the counter."""
+    """Count the compiled step's calls (both kinds, entered from Python or through the
+    entries that book the call themselves); plans made inside take the counter."""
     hits = [0]
-    originals = _rsag.step, _rsag.step_half
+    names = ("step", "step_half", "enter", "enter_half")
+    originals = [getattr(_rsag, name) for name in names]
 
     def wrap(fn):
         def counted(*args):
             hits[0] += 1
             return fn(*args)
         return counted
-    _rsag.step, _rsag.step_half = wrap(originals[0]), wrap(originals[1])
+    for name, fn in zip(names, originals):
+        setattr(_rsag, name, wrap(fn))
     try:
         yield hits
     finally:
-        _rsag.step, _rsag.step_half = originals
+        for name, fn in zip(names, originals):
+            setattr(_rsag, name, fn)
 
 
 @pytest.fixture
@@ -162,16 +166,23 @@ def test_non_temporal_stores_exact_in_place_and_out(on, monkeypatch, kinds):
     kind = {"plain": 0, "non-temporal": 1, "mixed": r % 2}[kinds]
     monkeypatch.setattr(_stores, "FORCE_STORES", kind)
     seen = set()
-    original = _rsag.step, _rsag.step_half
+    original = _rsag.step, _rsag.step_half, _rsag.enter, _rsag.enter_half
 
     def wrap(fn):
         def recorded(ctl, src, dst, target, number, sides, phase):
             seen.add(bool(sides & _rsag.STREAM))
             return fn(ctl, src, dst, target, number, sides, phase)
         return recorded
+
+    def wrap_entry(fn):
+        def recorded(ctl, src, dst, kind):
+            seen.add(bool(kind))
+            return fn(ctl, src, dst, kind)
+        return recorded
     failures = []
     try:
         _rsag.step, _rsag.step_half = wrap(original[0]), wrap(original[1])
+        _rsag.enter, _rsag.enter_half = wrap_entry(original[2]), wrap_entry(original[3])
         for dtype, op in (("float32", "sum"), ("float16", "sum"), ("float64", "min"),
                           ("int8", "max")):
             itemsize = np.dtype(dtype).itemsize
@@ -182,7 +193,7 @@ def test_non_temporal_stores_exact_in_place_and_out(on, monkeypatch, kinds):
         assert not failures, f"{len(failures)} failures: " + "; ".join(failures[:5])
         assert seen == ({False, True} if kind else {False}), seen
     finally:
-        _rsag.step, _rsag.step_half = original
+        _rsag.step, _rsag.step_half, _rsag.enter, _rsag.enter_half = original
         _free(comm)
 
 
@@ -259,6 +270,67 @@ def test_ranks_that_disagree_raise_everywhere_and_the_comm_stays_right(on, count
                 _everyone_raised(comm, raised)
                 _check(comm, "float32", "sum", count, failures, hits)
         assert not failures, "; ".join(failures[:5])
+    finally:
+        _free(comm)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("count", [300, 3001, 20011])
+def test_the_entry_numbers_and_books_each_call_as_python_would(on, monkeypatch, count):
+    """A repeated call entered in compiled code (``rsag.enter``) numbers itself and books
+    its steps, board and region in the words Python's own bookkeeping uses: after each,
+    the communicator's call count, the node group's step words and the board's and the
+    region's sides are where ``Context.next_call``, ``NodeGroup.opening_steps`` and the
+    flips leave them, and calls on other paths in between (another algorithm, a shape's
+    first call) meet the entered ones, bitwise right."""
+    from pycollective.node import group as _group
+    from pycollective.collectives import plans as _plans
+    comm = _fresh()
+    ctx, r, n = get_context(comm), comm.Get_rank(), comm.Get_size()
+    entered = [0]
+    original = _rsag.enter
+
+    def counted(*args):
+        entered[0] += 1
+        return original(*args)
+    monkeypatch.setattr(_rsag, "enter", counted)
+    failures = []
+    try:
+        send = exact_values(r, count, "float32", "sum")
+        expected = exact_reduce([exact_values(q, count, "float32", "sum") for q in range(n)],
+                                "sum", "float32")
+        out = np.empty_like(send)
+        for _ in range(CALLS):
+            pycollective.allreduce(send, out, comm=comm, algorithm="shm")
+        bound = [b for b in _plans._BOUND.values() if b.recv() is out]
+        assert len(bound) == 1 and bound[0].plan.entered is not None
+        prepared = bound[0].plan.run
+        group, board, region = prepared.node.group, prepared.board, prepared.node
+        for i in range(6):
+            calls, steps = ctx.calls, group.words.copy()
+            sides = board.words.item(0), region.words.item(_group.PARITY)
+            before = entered[0]
+            out[:] = -1
+            pycollective.allreduce(send, out, comm=comm, algorithm="shm")
+            if not bitwise_equal(out, expected):
+                failures.append(f"call {i}: wrong result")
+            number = calls + 1
+            assert entered[0] == before + 1
+            assert ctx.calls == number
+            assert group.words[_group.NUMBER] == number and group.words[_group.STEP] == 2
+            assert group.words[_group.LAST] == (number << 24) + 2
+            assert group.words[_group.PUBLISHED] == steps[_group.PUBLISHED] + 1
+            assert group.words[_group.UNCHECKED] == -1
+            assert board.words.item(0) == sides[0] ^ 1
+            assert region.words.item(_group.PARITY) == sides[1] ^ 1 and region.dirty
+            if i % 2:  # other paths between entered calls
+                other = np.empty_like(send)
+                pycollective.allreduce(send, other, comm=comm, algorithm="ring")
+                odd = exact_values(r, count + i, "float32", "sum")
+                pycollective.allreduce(odd, np.empty_like(odd), comm=comm, algorithm="shm")
+                if not bitwise_equal(other, expected):
+                    failures.append(f"ring after call {i}: wrong result")
+        assert not failures, "; ".join(failures)
     finally:
         _free(comm)
 

@@ -73,8 +73,7 @@ def _rewind(group, number):
     """Leave ``group``'s step count after the call's first sync, as the older steps do
     there, so that their data step (``_shm_steps.small_data``, ``mid_data``) takes the
     call's second target and checks the header set this call published."""
-    group._number, group._step, group._unchecked = number, 1, None
-    group._last = (number << 24) + 1
+    group.rewind(number, 1)
 
 
 class RsagCall(NamedTuple):
@@ -92,6 +91,7 @@ class RepeatedRsag(_steps._Repeated):
     def __init__(self, ctx, dst, kernel, board, key, fallback):
         super().__init__(ctx, dst, kernel, board, key, fallback)
         self.step = _rsag.step_half if self.half else _rsag.step
+        self.entry = _rsag.enter_half if self.half else _rsag.enter
         self.nbytes = dst.nbytes
         self.base = None  # control words but the plan's (values, fingerprint)
         self.stores = None  # what the others read: plain or non-temporal stores (Stores)
@@ -120,11 +120,17 @@ class RepeatedRsag(_steps._Repeated):
         c[_rsag.HEADER_WIDTH] = headers.shape[2]
         c[_rsag.DEDICATED] = 0 if group.barrier.sleep else 1
         c[_rsag.PASSES] = _rsag.SPINS
+        # the words enter() books a call in (each kept alive by its owner, and here)
+        books = (self.ctx.words, group.words, self.board.words, node.words)
+        if not all(a.dtype == np.int64 and a.flags.c_contiguous for a in books):
+            raise AssertionError("control words need C-contiguous int64 arrays")
+        c[_rsag.CALLS_AT], c[_rsag.GROUP_AT] = address(books[0]), address(books[1])
+        c[_rsag.BOARD_AT], c[_rsag.REGION_AT] = address(books[2]), address(books[3])
         self.base = c
         self.stores = Stores(chooses=not group.barrier.sleep, family="rsag") \
             if self.nbytes >= CHOOSE_BYTES else None
         # what the addresses point into, kept alive with this object
-        return (segment, bounds, flags, boards, headers)
+        return (segment, bounds, flags, boards, headers) + books
 
     def _words(self, values, fingerprint, op):
         """The control words for this agreement vector and fingerprint (kept alive by the caller)."""
@@ -161,6 +167,33 @@ class RepeatedRsag(_steps._Repeated):
             node.parity, node.dirty = parity ^ 1, True  # SharedSlots.begin, grown already
             return None
         return functools.partial(self._rest, RsagCall(ctl, target, number, sides), verdict, phase)
+
+    def entered(self, plan, src, dst):
+        """The call, numbered and booked by the compiled step itself (:func:`._rsag.enter`;
+        the caller holds the communicator's lock, as for :meth:`fast`): None once done,
+        else ``(number, rest)``, the rest to run with a call record.  Where the slots or
+        the plan changed since the control words were made, Python numbers the call and
+        :meth:`fast` runs it."""
+        node = self.node
+        if node is None or node.segment is not self.segment or plan is not self.plan:
+            number = self.ctx.next_call()
+            values = plan.template
+            values[0], values[1] = number, -number
+            rest = self.fast(number, plan, src, dst)
+            return None if rest is None else (number, rest)
+        stores = self.stores
+        kind, started = (0, 0.0) if stores is None else stores.next()
+        if self.half:
+            src, dst = src.view(np.uint16), dst.view(np.uint16)
+        code = self.entry(self.ctl, src, dst, kind)
+        if code == 0:
+            if started:
+                stores.took(kind, time.perf_counter() - started)
+            return None
+        ctl = self.ctl
+        number = ctl.item(_rsag.ENTERED_NUMBER)
+        r = RsagCall(ctl, ctl.item(_rsag.ENTERED_TARGET), number, ctl.item(_rsag.ENTERED_SIDES))
+        return number, functools.partial(self._rest, r, code & 15, code >> 4)
 
     def _rest(self, r, verdict, phase, ctx, call, values, src, dst):
         return self._after(r, call, verdict, phase, values, src, dst)
