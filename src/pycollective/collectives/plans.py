@@ -131,7 +131,7 @@ class _Bound:
 
     __slots__ = ("send", "recv", "op", "comm", "algorithm", "timeout", "thread", "epoch",
                  "generation", "world", "ctx", "plan", "auto", "sflags", "rflags", "dtype",
-                 "size")
+                 "size", "entry")
 
 
 def bind(sendbuf, recvbuf, op, comm, algorithm, timeout, found) -> None:
@@ -154,6 +154,7 @@ def bind(sendbuf, recvbuf, op, comm, algorithm, timeout, found) -> None:
     b.ctx, b.plan, b.auto = ctx, plan, plan.auto
     b.sflags = None if in_place else sendbuf.flags.num
     b.rflags, b.dtype, b.size = recvbuf.flags.num, recvbuf.dtype, recvbuf.size
+    b.entry = None  # the plan's compiled entry for these arrays' types (Plan.entered)
     _BOUND[id(sendbuf), id(recvbuf)] = b
 
 
@@ -199,9 +200,9 @@ def repeat(sendbuf, recvbuf, op, comm, algorithm, timeout) -> bool:
     # flat views of shaped arrays, made per call: kept, they would keep the arrays alive
     dst = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)
     if b.send is None:
-        return _fast_way(b.ctx, b.plan, dst, dst, None)
+        return _fast_way(b.ctx, b.plan, dst, dst, None, b)
     return _fast_way(b.ctx, b.plan, sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1),
-                     dst, None)
+                     dst, None, b)
 
 
 def run_found(sendbuf, recvbuf, op, comm, algorithm, timeout) -> bool:
@@ -283,16 +284,17 @@ def run(ctx, plan, src, dst) -> None:
         leave(call)
 
 
-def _fast_way(ctx, plan, src, dst, timeline) -> bool:
-    """The call on ``plan.fast`` if the communicator is free and not broken (True), else
-    nothing done (False)."""
+def _fast_way(ctx, plan, src, dst, timeline, bound=None) -> bool:
+    """The call on ``plan.entered`` or ``plan.fast`` if the communicator is free and not
+    broken (True), else nothing done (False).  ``bound``: the bound call it repeats, where
+    ``plan.entered`` keeps what it resolved for those arrays."""
     if ctx.broken is not None or not ctx.lock.acquire(False):
         return False
     try:
         if plan.entered is not None and timeline is None:
             # numbered and booked by the compiled step itself
             try:
-                rest = plan.entered(plan, src, dst)
+                rest = plan.entered(plan, src, dst, bound)
             except BaseException as exc:  # broken off midway: the communicator breaks
                 rest = ctx.calls, _reraise(exc)
             if rest is not None:

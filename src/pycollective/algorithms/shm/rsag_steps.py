@@ -76,6 +76,18 @@ def _rewind(group, number):
     group.rewind(number, 1)
 
 
+def _native(dispatcher, *args):
+    """The native wrapper numba compiled ``dispatcher`` into for exactly these arguments'
+    types, or None (not compiled for them, or a numba without these attributes): it
+    unboxes its arguments as those types without checking them, so whoever calls it must
+    know that every later call's arguments have the same types (dtype, layout, flags)."""
+    try:
+        types = tuple(dispatcher.typeof_pyval(a) for a in args)
+        return dispatcher.overloads[types].entry_point
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return None
+
+
 class RsagCall(NamedTuple):
     """A call of :func:`._rsag.step`: what it is given besides the buffers and the phase."""
 
@@ -168,12 +180,18 @@ class RepeatedRsag(_steps._Repeated):
             return None
         return functools.partial(self._rest, RsagCall(ctl, target, number, sides), verdict, phase)
 
-    def entered(self, plan, src, dst):
+    def entered(self, plan, src, dst, bound=None):
         """The call, numbered and booked by the compiled step itself (:func:`._rsag.enter`;
         the caller holds the communicator's lock, as for :meth:`fast`): None once done,
         else ``(number, rest)``, the rest to run with a call record.  Where the slots or
         the plan changed since the control words were made, Python numbers the call and
-        :meth:`fast` runs it."""
+        :meth:`fast` runs it.
+
+        ``bound``: a call on array objects whose dtype and flags the caller has found
+        unchanged since it was bound (``plans.find_bound``); its ``entry`` keeps the
+        entry's native wrapper for those arrays' types (:func:`_native`), which the next
+        call enters without numba's typing of each argument (a third of a 1e3 call's
+        Python, docs/results/dropin.md)."""
         node = self.node
         if node is None or node.segment is not self.segment or plan is not self.plan:
             number = self.ctx.next_call()
@@ -185,7 +203,13 @@ class RepeatedRsag(_steps._Repeated):
         kind, started = (0, 0.0) if stores is None else stores.next()
         if self.half:
             src, dst = src.view(np.uint16), dst.view(np.uint16)
-        code = self.entry(self.ctl, src, dst, kind)
+        entry = None if bound is None else bound.entry
+        if entry is None:
+            code = self.entry(self.ctl, src, dst, kind)
+            if bound is not None:
+                bound.entry = _native(self.entry, self.ctl, src, dst, kind)
+        else:
+            code = entry(self.ctl, src, dst, kind)
         if code == 0:
             if started:
                 stores.took(kind, time.perf_counter() - started)
