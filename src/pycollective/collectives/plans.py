@@ -46,10 +46,12 @@ __all__ = ["Plan", "PlanCache", "lookup", "remember", "run", "bind", "find_bound
 
 _MEMO = Key("fastpath")
 _LIMIT = 1024
-# Bound calls (:func:`repeat`): (id(sendbuf), id(recvbuf)) -> _Bound, for every thread
-# (each entry names its thread's pairing code).  Emptied when it holds _BOUND_LIMIT
-# (entries of arrays that died stay until then); every entry goes stale when a plan is
-# kept or dropped (``_generation``): a bound call is a shortcut to a plan, never its owner.
+# Bound calls (:func:`repeat`): (id(sendbuf), id(recvbuf), algorithm) -> _Bound, for every
+# thread (the algorithm in the key: a loop that takes turns among algorithms on the same
+# arrays, as a benchmark does, repeats each); each entry names its thread's pairing code.
+# Emptied when it holds _BOUND_LIMIT (entries of arrays that died stay until then); every
+# entry goes stale when a plan is kept or dropped (``_generation``): a bound call is a
+# shortcut to a plan, never its owner.
 _BOUND: dict = {}
 _BOUND_LIMIT = 256
 _generation = 0
@@ -155,7 +157,10 @@ def bind(sendbuf, recvbuf, op, comm, algorithm, timeout, found) -> None:
     b.sflags = None if in_place else sendbuf.flags.num
     b.rflags, b.dtype, b.size = recvbuf.flags.num, recvbuf.dtype, recvbuf.size
     b.entry = None  # the plan's compiled entry for these arrays' types (Plan.entered)
-    _BOUND[id(sendbuf), id(recvbuf)] = b
+    try:
+        _BOUND[id(sendbuf), id(recvbuf), algorithm] = b
+    except TypeError:  # an unhashable algorithm: the full path says what is wrong
+        pass
 
 
 def find_bound(sendbuf, recvbuf, op, comm, algorithm, timeout) -> Optional[_Bound]:
@@ -167,7 +172,10 @@ def find_bound(sendbuf, recvbuf, op, comm, algorithm, timeout) -> Optional[_Boun
     (writable, contiguous, aligned), dtype and size.  Everything else the
     :func:`lookup` that found the call checked cannot change on the same two objects.
     """
-    b = _BOUND.get((id(sendbuf), id(recvbuf)))
+    try:
+        b = _BOUND.get((id(sendbuf), id(recvbuf), algorithm))
+    except TypeError:
+        return None
     if (b is None or b.recv() is not recvbuf or b.op is not op or b.comm is not comm
             or b.algorithm is not algorithm or b.timeout is not timeout
             or b.generation != _generation or b.epoch != _settings.epoch

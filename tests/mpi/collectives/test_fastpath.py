@@ -106,6 +106,42 @@ def test_a_freed_communicator_is_not_found_again():
 
 
 @pytest.mark.mpi(min_size=2)
+def test_algorithms_taking_turns_on_the_same_arrays_each_repeat_their_bound_call(monkeypatch):
+    """A loop that takes turns among algorithms on the same arrays (a benchmark's) keeps
+    one bound call per algorithm: a call of one does not send the other's next call the
+    full way, and every result is right.  (auto is made to pick shm at once, so both
+    plans have a fast way.)"""
+    from pycollective.collectives import auto as _auto
+    from pycollective.runtime import registry as _registry
+    monkeypatch.setattr(_auto.AutoState, "resolve", lambda self, *a: _registry.get("shm"))
+    comm = MPI.COMM_WORLD.Dup()
+    n, r = comm.Get_size(), comm.Get_rank()
+    count = 1000
+    x = exact_values(r, count, "float32", "sum")
+    expected = exact_reduce([exact_values(q, count, "float32", "sum") for q in range(n)],
+                            "sum", "float32")
+    out = np.empty_like(x)
+    try:
+        for _ in range(200):  # until auto's trials have ended on every rank: no new plans
+            generation = _fastpath._generation
+            for algorithm in ("shm", "auto"):
+                pycollective.allreduce(x, out, "sum", comm=comm, algorithm=algorithm)
+            if not comm.allreduce(_fastpath._generation != generation, op=MPI.LOR):
+                break
+        assert _fastpath.find_bound(x, out, "sum", comm, "auto", DEFAULT) is not None
+        for _ in range(4):
+            for algorithm in ("shm", "auto"):
+                out[...] = -1
+                repeated = _fastpath.repeat(x, out, "sum", comm, algorithm, DEFAULT)
+                if not repeated:
+                    pycollective.allreduce(x, out, "sum", comm=comm, algorithm=algorithm)
+                assert np.array_equal(out, expected), algorithm
+                assert repeated, algorithm
+    finally:
+        comm.Free()
+
+
+@pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("count", [1, 1000, 3001])  # shm's small and sliced paths
 def test_a_bound_call_sees_what_changes_on_the_same_arrays(count):
     """A call repeated on the same two array objects runs from their identity
@@ -125,7 +161,7 @@ def test_a_bound_call_sees_what_changes_on_the_same_arrays(count):
         pycollective.allreduce(send, recv, "sum", comm=comm, algorithm="shm")
 
     def bound():
-        return _fastpath._BOUND.get((id(x), id(out)))
+        return _fastpath._BOUND.get((id(x), id(out), "shm"))
 
     try:
         for _ in range(3):
@@ -197,7 +233,7 @@ def test_a_bound_call_sees_what_changes_on_the_same_arrays(count):
             outs[...] = -1
             pycollective.allreduce(xs, outs, "sum", comm=comm, algorithm="shm")
             assert np.array_equal(outs.reshape(-1), expected), shape
-        assert _fastpath._BOUND.get((id(xs), id(outs))) is not None
+        assert _fastpath._BOUND.get((id(xs), id(outs), "shm")) is not None
         outs[...] = -1
         assert _fastpath.repeat(xs, outs, "sum", comm, "shm", DEFAULT)
         assert np.array_equal(outs.reshape(-1), expected)

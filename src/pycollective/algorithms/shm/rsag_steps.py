@@ -104,6 +104,7 @@ class RepeatedRsag(_steps._Repeated):
         super().__init__(ctx, dst, kernel, board, key, fallback)
         self.step = _rsag.step_half if self.half else _rsag.step
         self.entry = _rsag.enter_half if self.half else _rsag.enter
+        self.natives = {}  # (send flags, receive flags) -> the entry's native wrapper, or False
         self.nbytes = dst.nbytes
         self.base = None  # control words but the plan's (values, fingerprint)
         self.stores = None  # what the others read: plain or non-temporal stores (Stores)
@@ -207,7 +208,14 @@ class RepeatedRsag(_steps._Repeated):
         if entry is None:
             code = self.entry(self.ctl, src, dst, kind)
             if bound is not None:
-                bound.entry = _native(self.entry, self.ctl, src, dst, kind)
+                # once per kind of arrays (their flags: the dtype is this object's), after
+                # the dispatcher has compiled the entry for them; False: numba's own way
+                flags = bound.sflags, bound.rflags
+                native = self.natives.get(flags)
+                if native is None:
+                    native = self.natives[flags] = \
+                        _native(self.entry, self.ctl, src, dst, kind) or False
+                bound.entry = native or self.entry
         else:
             code = entry(self.ctl, src, dst, kind)
         if code == 0:
