@@ -25,6 +25,7 @@ each other's data (which is what makes the shared-memory paths safe with the
 agreement step off).
 """
 
+import array
 import pickle
 
 import numpy as np
@@ -135,7 +136,7 @@ class NodeGroup:
         self.barrier = FlagBarrier(view["flags"], self.rank, n, progress, sleep, wakes)
         # The step bookkeeping (see :data:`STEP_WORDS`): words of an array, so that a
         # compiled entry can open a call itself (``algorithms/shm/rsag.py``).
-        self.words = np.zeros(STEP_WORDS, np.int64)
+        self.words = array.array("q", [0] * STEP_WORDS)
         self.words[NUMBER], self.words[UNCHECKED] = -1, -1
         self.cma[self.rank, 4:] = -1  # no shared allocation published (see node.arrays)
         comm.Barrier()  # every counter is zero before anyone waits on it
@@ -158,14 +159,14 @@ class NodeGroup:
             # Outside any call (setting up, profiling): the next target after
             # the last one, which every rank reaches through the same steps.
             w[LAST] += 1
-            self.barrier.sync(w.item(LAST))
+            self.barrier.sync(w[LAST])
             return
-        if call.number != w.item(NUMBER):
+        if call.number != w[NUMBER]:
             w[NUMBER], w[STEP] = call.number, 0
             w[UNCHECKED] = w[PUBLISHED] & 1
             self.publish(call)
         w[STEP] += 1
-        last = (call.number << 24) + w.item(STEP)
+        last = (call.number << 24) + w[STEP]
         w[LAST] = last
         if _timeline.ACTIVE is not None:  # timeline hook: waiting for the node's ranks
             _timeline.ACTIVE.open("sync", "wait")
@@ -173,7 +174,7 @@ class NodeGroup:
         if _timeline.ACTIVE is not None:  # timeline hook: the sync's end
             _timeline.ACTIVE.close()
         if check and w[UNCHECKED] >= 0:
-            rows = self.headers[w.item(UNCHECKED)]
+            rows = self.headers[w[UNCHECKED]]
             w[UNCHECKED] = -1
             self.check(call, rows)
 
@@ -189,17 +190,17 @@ class NodeGroup:
         """
         publish = None
         w = self.words
-        if call.number != w.item(NUMBER):
+        if call.number != w[NUMBER]:
             w[NUMBER], w[STEP] = call.number, 0
-            side = w.item(PUBLISHED) & 1
+            side = w[PUBLISHED] & 1
             publish, w[UNCHECKED] = self.headers[side], side
             w[PUBLISHED] += 1
         w[STEP] += 1
-        last = (call.number << 24) + w.item(STEP)
+        last = (call.number << 24) + w[STEP]
         w[LAST] = last
         checking = None
         if check and w[UNCHECKED] >= 0:
-            checking = self.headers[w.item(UNCHECKED)]
+            checking = self.headers[w[UNCHECKED]]
             w[UNCHECKED] = -1
         return last, publish, checking
 
@@ -210,12 +211,14 @@ class NodeGroup:
         by one) and which header set to publish into, which the first sync also checks:
         ``headers[side]`` (0 or 1)."""
         w = self.words
-        side = w.item(PUBLISHED) & 1
-        w[PUBLISHED] += 1
-        w[NUMBER], w[STEP], w[UNCHECKED] = number, steps, -1
+        published = w[PUBLISHED]
+        w[PUBLISHED] = published + 1
+        w[NUMBER] = number
+        w[STEP] = steps
+        w[UNCHECKED] = -1
         last = (number << 24) + steps
         w[LAST] = last
-        return last - steps + 1, side
+        return last - steps + 1, published & 1
 
     def rewind(self, number, step):
         """Leave the step count at ``step`` of call ``number``, its headers checked (a
@@ -227,11 +230,11 @@ class NodeGroup:
 
     def header_set(self):
         """The header set this rank published last (its current call's)."""
-        return self.headers[(self.words.item(PUBLISHED) - 1) & 1]
+        return self.headers[(self.words[PUBLISHED] - 1) & 1]
 
     def publish(self, call):
         """Write ``call``'s number and fingerprint into this rank's header; return the set."""
-        rows = self.headers[self.words.item(PUBLISHED) & 1]
+        rows = self.headers[self.words[PUBLISHED] & 1]
         self.words[PUBLISHED] += 1
         mine = rows[self.rank]
         mine[0] = call.number
@@ -348,11 +351,11 @@ class SharedMax:
     def __init__(self, group):
         self.group = group
         # words[0]: the side the next MAX takes (an array's word: compiled entries take it)
-        self.words = np.zeros(1, np.int64)
+        self.words = array.array("q", [0])
 
     @property
     def parity(self):
-        return self.words.item(0)
+        return self.words[0]
 
     def take(self):
         """The board of this MAX (they alternate); the next MAX takes the other.  Compiled
@@ -362,7 +365,7 @@ class SharedMax:
     def take_side(self):
         """:meth:`take`, as which of the two boards it is (``group.boards[side]``)."""
         w = self.words
-        side = w.item(0)
+        side = w[0]
         w[0] = side ^ 1
         return side
 
@@ -402,11 +405,11 @@ class SharedSlots:
         # words[PARITY]: the region the next call up to DOUBLE_LIMIT takes; words[DIRTY]:
         # 1 while a rank may still read the last region.  Words of an array: compiled
         # entries take and flip them (algorithms/shm/rsag.py).
-        self.words = np.zeros(2, np.int64)
+        self.words = array.array("q", [0, 0])
 
     @property
     def parity(self):
-        return self.words.item(PARITY)
+        return self.words[PARITY]
 
     @parity.setter
     def parity(self, value):
@@ -490,8 +493,9 @@ class SharedSlots:
             if 2 * nbytes > self.capacity:  # (tested here too: most calls need no frame)
                 self.ensure(2 * nbytes)
             w = self.words
-            parity = w.item(PARITY)
-            w[PARITY], w[DIRTY] = parity ^ 1, 1
+            parity = w[PARITY]
+            w[PARITY] = parity ^ 1
+            w[DIRTY] = 1
             return parity * (self.capacity // 2), False
         self.ensure(nbytes)
         if self.dirty:

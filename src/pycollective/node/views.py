@@ -9,6 +9,8 @@ words of one array, and take the views again inside: :func:`view`,
 its memory mapped, for as long as the address is used.
 """
 
+import array as _array
+
 import numba
 import numpy as np
 from numba import types
@@ -18,8 +20,11 @@ from numba.extending import intrinsic
 __all__ = ["address", "view", "strided"]
 
 
-def address(array: np.ndarray) -> int:
-    """The address of ``array``'s first element (as :func:`view` takes it)."""
+def address(array) -> int:
+    """The address of ``array``'s first element (as :func:`view` takes it): a numpy array,
+    or an ``array.array`` (the bookkeeping words compiled entries share with Python)."""
+    if type(array) is _array.array:
+        return array.buffer_info()[0]
     return array.__array_interface__["data"][0]
 
 

@@ -27,6 +27,7 @@ attribute of the user's communicator, because setting them must not be a
 collective operation.
 """
 
+import array
 import atexit
 import os
 import threading
@@ -95,8 +96,9 @@ class Context:
         self.lock = threading.Lock()   # one collective at a time on this communicator
         # words[CALLS]: collectives started on it, numbered from 1 (``calls``).  A word of
         # an array, not an attribute, so a compiled step can number its call itself
-        # (``algorithms/shm/rsag.py``'s entry) while the lock is held.
-        self.words = np.zeros(1, np.int64)
+        # (``algorithms/shm/rsag.py``'s entry) while the lock is held; an array.array, as
+        # Python reads and writes its items in half a numpy array's time.
+        self.words = array.array("q", [0])
         self.broken: Optional[BaseException] = None
         self.pending_notices = []      # side-channel sends not yet completed
         self.early_notices = []        # side-channel notices about a later call
@@ -119,12 +121,12 @@ class Context:
         """
         words = self.words
         words[CALLS] += 1
-        return words.item(CALLS)
+        return words[CALLS]
 
     @property
     def calls(self) -> int:
         """Collectives started on this communicator (the last call's number)."""
-        return self.words.item(CALLS)
+        return self.words[CALLS]
 
     def scratch(self, slot: Key, count: int, dtype) -> np.ndarray:
         """Return an uninitialised array of ``count`` ``dtype`` elements.

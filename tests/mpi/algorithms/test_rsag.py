@@ -307,8 +307,8 @@ def test_the_entry_numbers_and_books_each_call_as_python_would(on, monkeypatch, 
         prepared = bound[0].plan.run
         group, board, region = prepared.node.group, prepared.board, prepared.node
         for i in range(6):
-            calls, steps = ctx.calls, group.words.copy()
-            sides = board.words.item(0), region.words.item(_group.PARITY)
+            calls, steps = ctx.calls, list(group.words)
+            sides = board.words[0], region.words[_group.PARITY]
             before = entered[0]
             out[:] = -1
             pycollective.allreduce(send, out, comm=comm, algorithm="shm")
@@ -321,8 +321,8 @@ def test_the_entry_numbers_and_books_each_call_as_python_would(on, monkeypatch, 
             assert group.words[_group.LAST] == (number << 24) + 2
             assert group.words[_group.PUBLISHED] == steps[_group.PUBLISHED] + 1
             assert group.words[_group.UNCHECKED] == -1
-            assert board.words.item(0) == sides[0] ^ 1
-            assert region.words.item(_group.PARITY) == sides[1] ^ 1 and region.dirty
+            assert board.words[0] == sides[0] ^ 1
+            assert region.words[_group.PARITY] == sides[1] ^ 1 and region.dirty
             if i % 2:  # other paths between entered calls
                 other = np.empty_like(send)
                 pycollective.allreduce(send, other, comm=comm, algorithm="ring")

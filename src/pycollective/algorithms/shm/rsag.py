@@ -58,11 +58,11 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ...node.atomics import STRIDE, _fence, _load, _sched_yield, raise_own, wait_own
-from ...node.group import DIRTY, LAST, NUMBER, PARITY, PUBLISHED, STEP, STEP_WORDS, UNCHECKED
 from ...data.kernels import _max, _max_f16, _min, _min_f16, _prod, _prod_f16, _sum, _sum_f16
 from ...node.views import view
 from .mid import _fold_native as _fold  # the same left fold as the older steps'
 from .mid import _stream
+from . import books as _books
 
 __all__ = ["step", "step_half", "enter", "enter_half", "line_bounds", "call_word", "DONE", "WORDS_DIFFER", "LATE",
            "CONTROL_WORDS", "FOLDED", "LINE_BYTES", "BLOCK_BYTES", "SPINS", "STREAM"]
@@ -87,15 +87,12 @@ FOLDED = 2
 _MIX = -7046029254386353131  # 0x9E3779B97F4A7C15 as int64: odd, so number -> word is one-to-one
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 
-# Control words: addresses and sizes this step reads, built once per plan and slots.
-# The last seven are :func:`enter`'s: where the call's bookkeeping lives (the addresses of
-# ``Context.words``, ``NodeGroup.words``, the board's and the slots' words) and what the
-# last entered call was (its number, first target and sides, for Python when it hands back).
+# Control words: addresses and sizes this step reads, built once per plan and slots; from
+# BOOKS, :func:`enter`'s bookkeeping words (``books``).
 (FLAGS, RANK, SIZE, COUNT, OP, SLOTS, _SLOTS_1, SLOT_BYTES, BOUNDS, BOARD, _BOARD_1,
  BOARD_WIDTH, VALUES, VALUES_LEN, HEADERS, _HEADERS_1, HEADER_WIDTH, FINGERPRINT,
- FINGERPRINT_LEN, DEDICATED, PASSES, CALLS_AT, GROUP_AT, BOARD_AT, REGION_AT,
- ENTERED_NUMBER, ENTERED_TARGET, ENTERED_SIDES) = range(28)
-CONTROL_WORDS = 28
+ FINGERPRINT_LEN, DEDICATED, PASSES, BOOKS) = range(22)
+CONTROL_WORDS = BOOKS + _books.WORDS
 
 _jit = numba.njit(cache=True, nogil=True)
 
@@ -357,61 +354,24 @@ _step, _step_half = step, step_half
 
 
 @_jit
-def _open(ctl, kind):
-    """What Python's fast way does before the step (``Context.next_call``, the agreement
-    template's number words, ``NodeGroup.opening_steps(number, 2)``, the board's and the
-    region's sides), on the same words: ``(number, first target, sides)``, also kept in
-    ``ctl[ENTERED_*]``."""
-    calls = view(ctl[CALLS_AT], 1, np.int64)
-    number = calls[0] + 1
-    calls[0] = number
-    values = view(ctl[VALUES], 2, np.int64)
-    values[0] = number
-    values[1] = -number
-    group = view(ctl[GROUP_AT], STEP_WORDS, np.int64)
-    header_side = group[PUBLISHED] & 1
-    group[PUBLISHED] += 1
-    group[NUMBER] = number
-    group[STEP] = 2
-    group[UNCHECKED] = -1
-    group[LAST] = (number << 24) + 2
-    board = view(ctl[BOARD_AT], 1, np.int64)
-    board_side = board[0]
-    board[0] = board_side ^ 1
-    region = view(ctl[REGION_AT], 2, np.int64)
-    sides = board_side | region[PARITY] << 1 | header_side << 2 | kind * STREAM
-    target = (number << 24) + 1
-    ctl[ENTERED_NUMBER], ctl[ENTERED_TARGET], ctl[ENTERED_SIDES] = number, target, sides
-    return number, target, sides
-
-
-@_jit
-def _close(ctl, sides):
-    """A finished call leaves its region for the next (``SharedSlots.begin``'s flip)."""
-    region = view(ctl[REGION_AT], 2, np.int64)
-    region[PARITY] = (sides >> 1 & 1) ^ 1
-    region[DIRTY] = 1
-
-
-@_jit
 def enter(ctl, source, dst, kind):
-    """A whole repeated call, numbered and booked here (:func:`_open`), then :func:`step`:
-    0 once done, else the step's ``verdict | phase << 4`` (the call's number, target and
-    sides in ``ctl[ENTERED_*]``).  ``kind``: 1 for non-temporal stores (``STREAM``)."""
-    number, target, sides = _open(ctl, kind)
+    """A whole repeated call, numbered and booked here (``books.open_call``), then
+    :func:`step`: 0 once done, else the step's ``verdict | phase << 4`` (the call's number,
+    target and sides: ``books.entered``).  ``kind``: 1 for non-temporal stores (``STREAM``)."""
+    number, target, sides = _books.open_call(ctl, BOOKS, ctl[VALUES], 2, kind)
     verdict, phase = _step(ctl, source, dst, target, number, sides, 0)
     if verdict != DONE:
         return verdict | phase << 4
-    _close(ctl, sides)
+    _books.close_call(ctl, BOOKS, sides)
     return 0
 
 
 @_jit
 def enter_half(ctl, source, dst, kind):
     """:func:`enter` through :func:`step_half` (float16 as uint16)."""
-    number, target, sides = _open(ctl, kind)
+    number, target, sides = _books.open_call(ctl, BOOKS, ctl[VALUES], 2, kind)
     verdict, phase = _step_half(ctl, source, dst, target, number, sides, 0)
     if verdict != DONE:
         return verdict | phase << 4
-    _close(ctl, sides)
+    _books.close_call(ctl, BOOKS, sides)
     return 0

@@ -33,7 +33,7 @@ import numpy as np
 
 from ...node.group import DOUBLE_LIMIT
 from ...node.views import address
-from . import rsag as _rsag, small as _small
+from . import books as _books, rsag as _rsag, small as _small
 from . import steps as _steps
 from .stores import Stores
 
@@ -134,11 +134,7 @@ class RepeatedRsag(_steps._Repeated):
         c[_rsag.DEDICATED] = 0 if group.barrier.sleep else 1
         c[_rsag.PASSES] = _rsag.SPINS
         # the words enter() books a call in (each kept alive by its owner, and here)
-        books = (self.ctx.words, group.words, self.board.words, node.words)
-        if not all(a.dtype == np.int64 and a.flags.c_contiguous for a in books):
-            raise AssertionError("control words need C-contiguous int64 arrays")
-        c[_rsag.CALLS_AT], c[_rsag.GROUP_AT] = address(books[0]), address(books[1])
-        c[_rsag.BOARD_AT], c[_rsag.REGION_AT] = address(books[2]), address(books[3])
+        books = _books.fill(c, _rsag.BOOKS, self.ctx, group, self.board, node)
         self.base = c
         self.stores = Stores(chooses=not group.barrier.sleep, family="rsag") \
             if self.nbytes >= CHOOSE_BYTES else None
@@ -223,9 +219,9 @@ class RepeatedRsag(_steps._Repeated):
                 stores.took(kind, time.perf_counter() - started)
             return None
         ctl = self.ctl
-        number = ctl.item(_rsag.ENTERED_NUMBER)
-        r = RsagCall(ctl, ctl.item(_rsag.ENTERED_TARGET), number, ctl.item(_rsag.ENTERED_SIDES))
-        return number, functools.partial(self._rest, r, code & 15, code >> 4)
+        number, target, sides = _books.entered(ctl, _rsag.BOOKS)
+        r = RsagCall(ctl, int(target), int(number), int(sides))
+        return int(number), functools.partial(self._rest, r, code & 15, code >> 4)
 
     def _rest(self, r, verdict, phase, ctx, call, values, src, dst):
         return self._after(r, call, verdict, phase, values, src, dst)

@@ -27,7 +27,7 @@ from typing import Callable, NamedTuple, Tuple
 import numpy as np
 
 from ...data.partition import chunk_bounds
-from ...node.group import DOUBLE_LIMIT, FP_WORDS
+from ...node.group import DOUBLE_LIMIT, FP_WORDS, PARITY
 from ...node.views import address
 from ...runtime.watch import FP_OP
 from . import mid as _mid, small as _small
@@ -428,7 +428,7 @@ class RepeatedSmall(_Repeated):
         ctl = self.ctl if plan is self.plan else self._prepare(plan)
         group = node.group
         target, side = group.opening_steps(number, 1)
-        board_side, parity = self.board.take_side(), node.parity
+        board_side, parity = self.board.take_side(), node.words[PARITY]
         if self.half:
             src, dst = src.view(np.uint16), dst.view(np.uint16)
         verdict = self.prepared(ctl, src, dst, target, number,
@@ -494,7 +494,7 @@ class RepeatedMid(_Repeated):
         ctl = self.ctl if plan is self.plan else self._prepare(plan)
         group = node.group
         first, side = group.opening_steps(number, 2)
-        board_side, parity = self.board.take_side(), node.parity
+        board_side, parity = self.board.take_side(), node.words[PARITY]
         data_src, data_dst = (src.view(np.uint16), dst.view(np.uint16)) if self.half \
             else (src, dst)
         kind, started = self.stores.next()
