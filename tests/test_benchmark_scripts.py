@@ -117,6 +117,20 @@ def test_dropin_overhead_times_every_way():
     assert re.search(r"^\s+1000(\s+\S+us){4}\s+\S+\s+\S+$", output, re.M), output[-3000:]
 
 
+def test_entry_comparison_times_every_way_of_a_repeated_call():
+    """benchmarks/shm/entry.py: the call entered in compiled code, booked in Python, the
+    public function, the lookup and the native call, in one launch, checked."""
+    proc = subprocess.run([str(ROOT / "scripts" / "run_mpi.sh"), "2",
+                           str(BENCH / "shm" / "entry.py"), "--count", "1e3",
+                           "--batches", "1", "--calls", "8"], cwd=ROOT, env=_env(),
+                          capture_output=True, text=True, timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-5000:]
+    assert "M = 1000 float32, N = 2, 1 batches, wrong results: 0" in output, output[-3000:]
+    for name in ("public", "entered", "booked in Python", "lookup", "native"):
+        assert re.search(rf"^  {name} +\S+ us +\S+ us$", output, re.M), output[-3000:]
+
+
 def test_ways_comparison_runs_every_way(tmp_path):
     """benchmarks/shm/ways.py: slots, single copy and the chosen way in one launch, checked."""
     proc = subprocess.run([str(ROOT / "scripts" / "run_mpi.sh"), "2",

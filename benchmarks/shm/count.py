@@ -11,10 +11,11 @@ the same repeated ``pycollective.allreduce(send, out, "sum", algorithm="shm")``
   involuntary context switches of the rank (``/proc/self/status``) over these
   rounds, per call (a ``sched_yield`` that gives the core away counts as an
   involuntary one, a futex sleep as a voluntary one).
-* ``split``: ``--calls`` calls with the plan's fast way (``Plan.fast``) and the
-  compiled step it calls wrapped in ``perf_counter`` pairs, and the node
-  group's ``opening_steps`` wrapped to count the barrier targets each call
-  takes (its syncs), and each whole call timed.  ``call``: a call's time,
+* ``split``: ``--calls`` calls with the plan's fast way (``Plan.entered`` where the
+  compiled step books the call itself, else ``Plan.fast``) and the compiled step
+  (or entry) it calls wrapped in ``perf_counter`` pairs, the barrier steps each
+  call took read from the node group's step words after it (its syncs), and each
+  whole call timed.  ``call``: a call's time,
   ``step``: the time inside the compiled step (its waits included),
   ``python``: the call's time less its step's, each the median over the calls
   (a call during which the rank lost its core is an outlier, not a cost; the
@@ -59,6 +60,7 @@ from pycollective.algorithms.shm import rsag_steps as _rsag_steps
 from pycollective.bench import _exact
 from pycollective.collectives import api as _api, plans as _plans
 from pycollective.node.atomics import STRIDE
+from pycollective.node.group import STEP
 
 LINE = 64
 STEP_NAMES = {"RepeatedRsag": "rsag", "RepeatedSmall": "small", "RepeatedMid": "mid"}
@@ -167,7 +169,7 @@ def _split(comm, send, out, calls):
     run = plan.run
     kind = STEP_NAMES.get(type(run).__name__)
     fast_t, step_t, handbacks, syncs = [], [], [0], [0]
-    fast = plan.fast
+    fast, entered = plan.fast, plan.entered
 
     def counted_fast(number, p, src, dst):
         t = time.perf_counter()
@@ -177,26 +179,30 @@ def _split(comm, send, out, calls):
             handbacks[0] += 1
         return rest
 
+    def counted_entered(p, src, dst, bound=None):
+        t = time.perf_counter()
+        rest = entered(p, src, dst, bound)
+        fast_t.append(time.perf_counter() - t)
+        if rest is not None:
+            handbacks[0] += 1
+        return rest
+
     group = run.node.group if kind else None
-    opening = group.opening_steps if group is not None else None
-
-    def counted_opening(number, steps):
-        syncs[0] += steps
-        return opening(number, steps)
-
     restore = []
     if kind == "rsag":
-        restore.append((run, "step", run.step))
+        restore += [(run, "step", run.step), (run, "entry", run.entry)]
         run.step = _timed(run.step, step_t)
+        run.entry = _timed(run.entry, step_t)
+        run.natives.clear()  # bound calls take the wrapped entry, not its native wrapper
     elif kind == "small":
         restore.append((run, "prepared", run.prepared))
         run.prepared = _timed(run.prepared, step_t)
     elif kind == "mid":
         restore.append((_mid, "prepared_step", _mid.prepared_step))
         _mid.prepared_step = _timed(_mid.prepared_step, step_t)
-    if group is not None:
-        group.opening_steps = counted_opening
-    memo[key] = plan._replace(fast=counted_fast if fast is not None else None)
+    memo[key] = plan._replace(fast=counted_fast if fast is not None else None,
+                              entered=counted_entered if entered is not None else None)
+    _plans._BOUND.clear()  # the next call binds the plan above
     try:
         step_t.append(0.0)
         pycollective.allreduce(send, out, "sum", comm=comm, algorithm="shm")  # re-prepares
@@ -209,12 +215,13 @@ def _split(comm, send, out, calls):
             t = time.perf_counter()
             pycollective.allreduce(send, out, "sum", comm=comm, algorithm="shm")
             whole.append(time.perf_counter() - t)
+            if group is not None:
+                syncs[0] += group.words[STEP]  # the barrier steps this call took
     finally:
         memo[key] = plan
+        _plans._BOUND.clear()
         for obj, name, value in restore:
             setattr(obj, name, value)
-        if group is not None:
-            del group.opening_steps
     whole, step_t = np.array(whole), np.array(step_t[-calls:])
     # medians per call: a call during which the rank lost its core is an outlier, not a cost
     return (float(np.median(fast_t)) if fast_t else 0.0, float(np.median(step_t)),

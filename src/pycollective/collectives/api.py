@@ -177,15 +177,18 @@ def allreduce(sendbuf, recvbuf, op=MPI.SUM, *, comm=None, algorithm: str = "auto
             communicator is unusable since an earlier failure
             (``CommunicatorBroken``).  The communicator is then unusable.
     """
-    if _timeline.ACTIVE is not None and _timeline.ACTIVE.outside():  # timeline hook: the call
-        return _timeline.ACTIVE.traced(allreduce, "allreduce", (sendbuf, recvbuf, op), dict(
-            comm=comm, algorithm=algorithm, timeout=timeout, compress=compress))
-    if compress is None:
-        # A repeated call first: plans take only numpy arrays (host memory), so a hit
-        # needs no device check
-        if (_plans.repeat(sendbuf, recvbuf, op, comm, algorithm, timeout)
+    if _timeline.ACTIVE is None:  # timeline hook (the fast path's one test of it)
+        # A repeated call first: plans take only numpy arrays (host memory, no device check)
+        if compress is None and (
+                _plans.bound_call(sendbuf, recvbuf, op, comm, algorithm, timeout)
                 or _plans.run_found(sendbuf, recvbuf, op, comm, algorithm, timeout)):
             return recvbuf
+    elif _timeline.ACTIVE.outside():  # timeline hook: the call
+        return _timeline.ACTIVE.traced(allreduce, "allreduce", (sendbuf, recvbuf, op), dict(
+            comm=comm, algorithm=algorithm, timeout=timeout, compress=compress))
+    elif compress is None and _plans.run_found(sendbuf, recvbuf, op, comm, algorithm,
+                                               timeout):
+        return recvbuf
     if _buffers.device_reason(sendbuf, recvbuf) is not None:
         return _device.allreduce(
             allreduce, sendbuf, recvbuf, op, comm, algorithm, timeout, compress,

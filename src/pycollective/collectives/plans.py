@@ -42,7 +42,8 @@ from ..runtime import threads as _threads
 from .. import timeline as _timeline
 from ..data.buffers import as_they_are
 
-__all__ = ["Plan", "PlanCache", "lookup", "remember", "run", "bind", "find_bound", "repeat"]
+__all__ = ["Plan", "PlanCache", "lookup", "remember", "run", "bind", "find_bound", "repeat",
+           "bound_call", "run_found"]
 
 _MEMO = Key("fastpath")
 _LIMIT = 1024
@@ -202,6 +203,12 @@ def repeat(sendbuf, recvbuf, op, comm, algorithm, timeout) -> bool:
     checking its arguments (the drop-in's ``Allreduce`` does)."""
     if _timeline.ACTIVE is not None:
         return False
+    return bound_call(sendbuf, recvbuf, op, comm, algorithm, timeout)
+
+
+def bound_call(sendbuf, recvbuf, op, comm, algorithm, timeout) -> bool:
+    """:func:`repeat` for a caller that has found no timeline recording (the public
+    ``allreduce``, whose own test of it is then the fast path's only one)."""
     b = find_bound(sendbuf, recvbuf, op, comm, algorithm, timeout)
     if b is None:
         return False
