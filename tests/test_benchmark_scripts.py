@@ -131,6 +131,19 @@ def test_entry_comparison_times_every_way_of_a_repeated_call():
         assert re.search(rf"^  {name} +\S+ us +\S+ us$", output, re.M), output[-3000:]
 
 
+def test_loop_times_a_repeated_call_and_checks_it():
+    """benchmarks/shm/loop.py: back-to-back calls, the lowest and median round, checked."""
+    proc = subprocess.run([str(ROOT / "scripts" / "run_mpi.sh"), "2",
+                           str(BENCH / "shm" / "loop.py"), "--count", "1e3", "17",
+                           "--rounds", "2", "--calls", "5"], cwd=ROOT, env=_env(),
+                          capture_output=True, text=True, timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-5000:]
+    for count in (1000, 17):
+        assert re.search(rf"^N = 2 M = {count} shm: lowest \S+ us, median \S+ us per call, "
+                         r"right$", output, re.M), output[-3000:]
+
+
 def test_ways_comparison_runs_every_way(tmp_path):
     """benchmarks/shm/ways.py: slots, single copy and the chosen way in one launch, checked."""
     proc = subprocess.run([str(ROOT / "scripts" / "run_mpi.sh"), "2",

@@ -50,9 +50,9 @@ _LIMIT = 1024
 # Bound calls (:func:`repeat`): (id(sendbuf), id(recvbuf), algorithm) -> _Bound, for every
 # thread (the algorithm in the key: a loop that takes turns among algorithms on the same
 # arrays, as a benchmark does, repeats each); each entry names its thread's pairing code.
-# Emptied when it holds _BOUND_LIMIT (entries of arrays that died stay until then); every
-# entry goes stale when a plan is kept or dropped (``_generation``): a bound call is a
-# shortcut to a plan, never its owner.
+# When it holds _BOUND_LIMIT, the entries of arrays that died are dropped (they stay until
+# then), and all of them if that is not enough; every entry goes stale when a plan is
+# kept or dropped (``_generation``): a bound call is a shortcut to a plan, never its owner.
 _BOUND: dict = {}
 _BOUND_LIMIT = 256
 _generation = 0
@@ -146,7 +146,11 @@ def bind(sendbuf, recvbuf, op, comm, algorithm, timeout, found) -> None:
     if plan.fast is None:
         return
     if len(_BOUND) >= _BOUND_LIMIT:
-        _BOUND.clear()
+        # entries of arrays that died go first; all of them only if that is not enough
+        for key in [k for k, old in _BOUND.items() if old.recv() is None]:
+            del _BOUND[key]
+        if len(_BOUND) >= _BOUND_LIMIT:
+            _BOUND.clear()
     b = _Bound()
     # None in place: the key's first id is then MPI.IN_PLACE's or recvbuf's own
     b.send = None if in_place else weakref.ref(sendbuf)

@@ -114,6 +114,7 @@ def test_algorithms_taking_turns_on_the_same_arrays_each_repeat_their_bound_call
     from pycollective.collectives import auto as _auto
     from pycollective.runtime import registry as _registry
     monkeypatch.setattr(_auto.AutoState, "resolve", lambda self, *a: _registry.get("shm"))
+    monkeypatch.setattr(_fastpath, "_BOUND", {})  # without the earlier tests' entries
     comm = MPI.COMM_WORLD.Dup()
     n, r = comm.Get_size(), comm.Get_rank()
     count = 1000
@@ -122,11 +123,11 @@ def test_algorithms_taking_turns_on_the_same_arrays_each_repeat_their_bound_call
                             "sum", "float32")
     out = np.empty_like(x)
     try:
-        for _ in range(200):  # until auto's trials have ended on every rank: no new plans
-            generation = _fastpath._generation
+        for _ in range(50):  # until both calls are bound on every rank
             for algorithm in ("shm", "auto"):
                 pycollective.allreduce(x, out, "sum", comm=comm, algorithm=algorithm)
-            if not comm.allreduce(_fastpath._generation != generation, op=MPI.LOR):
+            if comm.allreduce(all(_fastpath.find_bound(x, out, "sum", comm, a, DEFAULT)
+                                  is not None for a in ("shm", "auto")), op=MPI.LAND):
                 break
         assert _fastpath.find_bound(x, out, "sum", comm, "auto", DEFAULT) is not None
         for _ in range(4):
@@ -254,6 +255,41 @@ def test_a_bound_call_sees_what_changes_on_the_same_arrays(count):
         comm.Free()
     with pytest.raises(ValueError, match="COMM_NULL"):  # the freed communicator's bound call
         call()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_full_table_of_bound_calls_drops_those_of_dead_arrays_first(monkeypatch):
+    """Arrays made new for each call (a hook's ``tensor.numpy()``) bind an entry each; when
+    the table is full the entries of arrays that died go, and a loop's own arrays stay
+    bound."""
+    monkeypatch.setattr(_fastpath, "_BOUND_LIMIT", 8)
+    monkeypatch.setattr(_fastpath, "_BOUND", {})  # without the earlier tests' entries
+    comm = MPI.COMM_WORLD.Dup()
+    n, r = comm.Get_size(), comm.Get_rank()
+    count = 100
+    x = exact_values(r, count, "float32", "sum")
+    expected = exact_reduce([exact_values(q, count, "float32", "sum") for q in range(n)],
+                            "sum", "float32")
+    out = np.empty_like(x)
+    try:
+        for _ in range(3):
+            pycollective.allreduce(x, out, "sum", comm=comm, algorithm="shm")
+        assert _fastpath.find_bound(x, out, "sum", comm, "shm", DEFAULT) is not None
+        for k in range(4):
+            # seven pairs alive at once, then dead: with x's, the table is full
+            pairs = [(exact_values(r, count, "float32", "sum"), np.empty(count, np.float32))
+                     for _ in range(7)]
+            for y, z in pairs:
+                pycollective.allreduce(y, z, "sum", comm=comm, algorithm="shm")
+                assert np.array_equal(z, expected), k
+            del pairs, y, z
+            assert len(_fastpath._BOUND) <= 8
+            assert _fastpath.find_bound(x, out, "sum", comm, "shm", DEFAULT) is not None, k
+        out[...] = -1
+        assert _fastpath.repeat(x, out, "sum", comm, "shm", DEFAULT)
+        assert np.array_equal(out, expected)
+    finally:
+        comm.Free()
 
 
 class _Sub(np.ndarray):
