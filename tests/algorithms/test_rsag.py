@@ -33,7 +33,7 @@ def _asm(function, element):
 def test_the_step_folds_sum_with_packed_adds(element):
     """The step's fold of SUM (and the copies beside it) compile to SIMD code for the
     signatures a call uses; the older steps' strided rows compiled to scalar adds."""
-    asm = _asm(_rsag.step, element)
+    asm = _asm(_rsag._body, element)
     assert re.search(PACKED_ADD[element], asm), f"no packed add for {element}: scalar fold"
     assert re.search(r"\bv?movup[sd]\b|\bv?movdq[au]\b", asm), "no packed moves: scalar copies"
 
@@ -50,7 +50,7 @@ def test_copies_are_packed():
 
 @pytest.mark.skipif(not X86, reason="reads x86 assembly")
 def test_waits_pause_between_passes():
-    assert re.search(r"\bpause\b", _asm(_rsag.step, types.float32))
+    assert re.search(r"\bpause\b", _asm(_rsag._body, types.float32))
 
 
 @pytest.mark.parametrize("itemsize", [1, 2, 4, 8])

@@ -62,6 +62,9 @@ __all__ = ["step", "agreed_step", "prepared_step", "stream_copy", "CONTROL_WORDS
 HALF = 4  # op codes 4-7: float16's kernels (sum, prod, max, min) on uint16 views
 
 _jit = numba.njit(cache=True, nogil=True)
+# Arguments for compiled callees: a constant argument is typed as a literal, and numba
+# compiles the callee once more for each literal value; globals of a numpy type are not.
+_ZERO, _ONE = np.int64(0), np.int64(1)
 
 
 def _fold(op, a, b, out):
@@ -189,7 +192,7 @@ def _post(flags, rank, target, flat, stride, base, src, bounds, headers, number,
 
     ``nontemporal``: copy in past this core's cache (see ``algorithms.shm.stores.Stores``)."""
     lo, hi = bounds[rank], bounds[rank + 1]
-    _copy_in(_slot(flat, stride, base, rank, 0, lo), src[:lo], nontemporal)
+    _copy_in(_slot(flat, stride, base, rank, _ZERO, lo), src[:lo], nontemporal)
     _copy_in(_slot(flat, stride, base, rank, hi, src.shape[0]), src[hi:], nontemporal)
     if headers.shape[0]:
         _header(headers, rank, number, fingerprint)
@@ -206,11 +209,12 @@ def _reduce_own(op, flat, stride, base, src, rank, size, lo, hi, dst):
         # Separate calls, not one with a choice of operand: ``src`` may be
         # read-only, a type numba does not unify with the slots'.
         if rank == 0:
-            _fold(op, src[b:e], _slot(flat, stride, base, 1, b, e), out)
+            _fold(op, src[b:e], _slot(flat, stride, base, _ONE, b, e), out)
         elif rank == 1:
-            _fold(op, _slot(flat, stride, base, 0, b, e), src[b:e], out)
+            _fold(op, _slot(flat, stride, base, _ZERO, b, e), src[b:e], out)
         else:
-            _fold(op, _slot(flat, stride, base, 0, b, e), _slot(flat, stride, base, 1, b, e), out)
+            _fold(op, _slot(flat, stride, base, _ZERO, b, e),
+                  _slot(flat, stride, base, _ONE, b, e), out)
         for q in range(2, size):
             if q == rank:
                 _fold(op, out, src[b:e], out)
@@ -253,7 +257,7 @@ def step(flags, rank, size, phase, first, second, flat, stride, base, src, dst, 
     """
     if phase == 0:
         _post(flags, rank, first, flat, stride, base, src, bounds, headers, number, fingerprint,
-              0)
+              _ZERO)
         if wait_own(flags, rank, size, first) >= 0:
             return LATE, 1
     return _finish(flags, rank, size, phase, second, flat, stride, base, src, dst, bounds,
@@ -280,8 +284,8 @@ def agreed_step(flags, rank, size, first, second, board, values, flat, stride, b
     verdict = rows_verdict(board, values, size)
     if verdict != DONE:
         return verdict, 1
-    return _finish(flags, rank, size, 1, second, flat, stride, base, src, dst, bounds, checking,
-                   op)
+    return _finish(flags, rank, size, _ONE, second, flat, stride, base, src, dst, bounds,
+                   checking, op)
 
 
 # --- the folded step of a prepared call (``algorithms.shm.steps.RepeatedMid``), by address -----------

@@ -95,6 +95,9 @@ _X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 CONTROL_WORDS = BOOKS + _books.WORDS
 
 _jit = numba.njit(cache=True, nogil=True)
+# Arguments for compiled callees: a constant argument is typed as a literal, and numba
+# compiles the callee once more for each literal value; globals of a numpy type are not.
+_ZERO, _ONE = np.int64(0), np.int64(1)
 
 
 @intrinsic
@@ -258,7 +261,11 @@ def _copy_out(ctl, sides, dst):
 
 
 # The two steps differ only in their fold's kernels (float16 on its bit patterns): the
-# same body written twice, as numba compiles one function per kernel it calls.
+# same body written twice, as numba compiles one function per kernel it calls.  Each
+# body takes the send buffer as a writable view of dst's type and the phase as an int64,
+# so that numba compiles it once per dtype: a read-only send buffer, or a caller's
+# constant phase (typed as a literal), would each compile the whole body again (three
+# bodies per dtype where there is one now; the compile is most of a fresh suite's time).
 
 @_jit
 def step(ctl, source, dst, target, number, sides, phase):
@@ -266,10 +273,23 @@ def step(ctl, source, dst, target, number, sides, phase):
     ``(verdict, phase)``, verdict DONE, WORDS_DIFFER or LATE.  ``target``: the first of
     the call's two barrier targets; ``sides``: bit 0 the board, 1 the slot region, 2 the
     header set, 3 (``STREAM``) non-temporal stores for what the others read."""
-    flags = view(ctl[FLAGS], ctl[SIZE] * STRIDE, np.int64)
     # by address: a read-only send buffer is typed apart from the slots' views, which a
     # fold's operands must match; nothing here writes it
     src = view(source.ctypes.data, source.shape[0], dst.dtype)
+    return _body(ctl, src, dst, target, number, sides, np.int64(phase))
+
+
+@_jit
+def step_half(ctl, source, dst, target, number, sides, phase):
+    """:func:`step` for float16 (``source`` and ``dst`` as uint16)."""
+    src = view(source.ctypes.data, source.shape[0], dst.dtype)
+    return _body_half(ctl, src, dst, target, number, sides, np.int64(phase))
+
+
+@_jit
+def _body(ctl, src, dst, target, number, sides, phase):
+    """:func:`step`'s work."""
+    flags = view(ctl[FLAGS], ctl[SIZE] * STRIDE, np.int64)
     if phase == 0:
         _post(ctl, flags, src, target, number, sides)
         phase = 1
@@ -289,7 +309,8 @@ def step(ctl, source, dst, target, number, sides, phase):
         for b in range(lo, hi, block):
             e = min(b + block, hi)
             out = dst[b:e] if direct else mine[b:e]
-            _fold(op, _operand(ctl, 0, sides, src, b, e), _operand(ctl, 1, sides, src, b, e), out)
+            _fold(op, _operand(ctl, _ZERO, sides, src, b, e),
+                  _operand(ctl, _ONE, sides, src, b, e), out)
             for q in range(2, size):
                 _fold(op, out, _operand(ctl, q, sides, src, b, e), out)
             if direct:
@@ -305,12 +326,9 @@ def step(ctl, source, dst, target, number, sides, phase):
 
 
 @_jit
-def step_half(ctl, source, dst, target, number, sides, phase):
-    """:func:`step` for float16 (``source`` and ``dst`` as uint16)."""
+def _body_half(ctl, src, dst, target, number, sides, phase):
+    """:func:`step_half`'s work: :func:`_body` with float16's folds."""
     flags = view(ctl[FLAGS], ctl[SIZE] * STRIDE, np.int64)
-    # by address: a read-only send buffer is typed apart from the slots' views, which a
-    # fold's operands must match; nothing here writes it
-    src = view(source.ctypes.data, source.shape[0], dst.dtype)
     if phase == 0:
         _post(ctl, flags, src, target, number, sides)
         phase = 1
@@ -330,8 +348,8 @@ def step_half(ctl, source, dst, target, number, sides, phase):
         for b in range(lo, hi, block):
             e = min(b + block, hi)
             out = dst[b:e] if direct else mine[b:e]
-            _fold_half(op, _operand(ctl, 0, sides, src, b, e),
-                       _operand(ctl, 1, sides, src, b, e), out)
+            _fold_half(op, _operand(ctl, _ZERO, sides, src, b, e),
+                       _operand(ctl, _ONE, sides, src, b, e), out)
             for q in range(2, size):
                 _fold_half(op, out, _operand(ctl, q, sides, src, b, e), out)
             if direct:
@@ -359,7 +377,7 @@ def enter(ctl, source, dst, kind):
     :func:`step`: 0 once done, else the step's ``verdict | phase << 4`` (the call's number,
     target and sides: ``books.entered``).  ``kind``: 1 for non-temporal stores (``STREAM``)."""
     number, target, sides = _books.open_call(ctl, BOOKS, ctl[VALUES], 2, kind)
-    verdict, phase = _step(ctl, source, dst, target, number, sides, 0)
+    verdict, phase = _step(ctl, source, dst, target, number, sides, _ZERO)
     if verdict != DONE:
         return verdict | phase << 4
     _books.close_call(ctl, BOOKS, sides)
@@ -370,7 +388,7 @@ def enter(ctl, source, dst, kind):
 def enter_half(ctl, source, dst, kind):
     """:func:`enter` through :func:`step_half` (float16 as uint16)."""
     number, target, sides = _books.open_call(ctl, BOOKS, ctl[VALUES], 2, kind)
-    verdict, phase = _step_half(ctl, source, dst, target, number, sides, 0)
+    verdict, phase = _step_half(ctl, source, dst, target, number, sides, _ZERO)
     if verdict != DONE:
         return verdict | phase << 4
     _books.close_call(ctl, BOOKS, sides)
