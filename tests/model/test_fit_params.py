@@ -151,6 +151,31 @@ def test_explain_and_choose_use_the_measured_ratios(tmp_path):
         3e-5 + predict("butterfly", 4, 1, **kw))
 
 
+def test_an_algorithm_that_folds_the_agreement_in_is_priced_without_the_overhead(tmp_path):
+    # shm folds the agreement into its first sync: its measured time holds it, so its
+    # ratio is time / model and its price ratio x model, never the overhead plus that.
+    # Its small calls take less than the agreement step alone (3.2 us against 4.8 at
+    # N = 2): priced with the overhead they could never come out below it.
+    a, b, g, o, N = 5e-6, 1e-10, 1e-10, 4.8e-6, 2
+    counts = [1, 1024, 1 << 18]
+    shm_times = [[c, 3.2e-6 + 2e-10 * 4 * c] for c in counts]
+    ring_times = [[c, o + 2 * predict("ring", N, c, alpha=a, beta=b, gamma=g)] for c in counts]
+    fitted = model.fit_corrections(N, {"overhead": o, "times": {"shm": shm_times,
+                                                                "ring": ring_times}},
+                                   dict(alpha=a, beta=b, gamma=g), smooth=0)
+    assert not model.pays_overhead("shm") and model.pays_overhead("ring")
+    assert [y for _, y in fitted["ring"]] == pytest.approx([2.0] * 3)  # the overhead taken off
+    for (c, t), (_, ratio) in zip(shm_times, fitted["shm"]):
+        assert ratio == pytest.approx(t / predict("shm", N, c, alpha=a, beta=b, gamma=g))
+    entry = dict(nranks=N, alpha=a, beta=b, gamma=g, overhead=o, corrections=fitted)
+    params = model.load_params(model.save_params(model.merge_calibration(None, entry),
+                                                 tmp_path / "c.json"))
+    for c, t in shm_times:  # at the measured sizes the price is the measured time
+        assert model.explain(N, c, "float32", params)["shm"] == pytest.approx(t)
+    for c, t in ring_times:
+        assert model.explain(N, c, "float32", params)["ring"] == pytest.approx(t)
+
+
 def test_per_size_curves_set_beta_and_gamma_by_vector_size():
     # In cache (<= 1 MiB) 1e-10 s/B, out of cache 4e-10 s/B: a 4 MiB vector
     # pays the out-of-cache rate, a 64 KiB one the in-cache rate.

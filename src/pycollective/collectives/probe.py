@@ -68,8 +68,8 @@ from .agree import agree_max
 __all__ = ["VERSION", "machine_facts", "cache_file", "measure", "machine_params",
            "SMALL", "MID", "LARGE", "KERNEL_IN", "KERNEL_OUT"]
 
-VERSION = 3  # 2: the library's own ring and shm calls timed; 3: shm's after its ways' trials,
-             # the library's ring of MID bytes
+VERSION = 4  # 2: the library's own ring and shm calls timed; 3: shm's after its ways' trials,
+             # the library's ring of MID bytes; 4: shm's ratios hold its agreement
 SMALL, MID, LARGE = 8, 64 << 10, 4 << 20      # bytes of the ring messages
 KERNEL_IN, KERNEL_OUT = 64 << 10, 8 << 20     # bytes reduced: in a core's cache, from memory
 _REPS = 3                                     # repetitions; the minimum counts
@@ -338,8 +338,9 @@ def _shm_ratio(m, nranks, entry):
         gamma = value_at(entry["gamma_curves"]["float32"], nbytes, m["g32_out"])
         plain = cost(nranks, count, 4, entry["alpha"], beta, gamma)
         here = m[f"shm_{nbytes}"] or cost(nranks, count, 4, m["barrier"], m["copy"], gamma)
-        # the call's prediction is overhead + ratio * plain: shm pays no separate agreement
-        curve.append([float(nbytes), max(here - entry["overhead"], 0.0) / plain])
+        # the call's prediction is ratio * plain: shm pays no separate agreement (it folds
+        # it into its first sync, model.choice.pays_overhead), its times hold it
+        curve.append([float(nbytes), here / plain])
     return curve
 
 

@@ -26,7 +26,7 @@ line are measuring tools and live in ``pycollective.bench``
 
 import importlib
 
-from .choice import choose, explain
+from .choice import choose, explain, pays_overhead
 from .fit import fit_alpha_beta, fit_corrections, fit_two_regimes
 from .formulas import predict, predict_all, terms
 from .lecture import LECTURE, lecture_cases, lecture_predict
@@ -36,7 +36,7 @@ from .topology import Layout, Topology
 
 __all__ = [
     "DEFAULTS", "predict", "predict_all", "terms", "LECTURE", "lecture_predict",
-    "lecture_cases", "choose", "explain", "load_params", "save_params", "params_for",
+    "lecture_cases", "choose", "explain", "pays_overhead", "load_params", "save_params", "params_for",
     "default_path", "merge_calibration", "fit_alpha_beta", "fit_two_regimes",
     "fit_corrections", "measure_algorithms", "calibrate", "ALGORITHM_COUNTS", "Layout", "Topology",
     "CALIBRATED_DTYPES", "main",

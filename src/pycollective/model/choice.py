@@ -1,7 +1,8 @@
 """What the model predicts for every algorithm, and the fastest: the model's side of ``auto``.
 
 The calibrated prediction is per-call overhead + (measured ÷ model ratio at
-this size) × α-β-γ cost; with no calibration it is the bare model with the
+this size) × α-β-γ cost, without the overhead for an algorithm that folds the
+agreement into its own first sync (:func:`pays_overhead`); with no calibration it is the bare model with the
 built-in defaults scaled for the machine
 (:func:`~pycollective.model.params.params_for`).  On a communicator that
 spans nodes the cost is priced on its :class:`~pycollective.model.topology.Topology`
@@ -21,7 +22,7 @@ from .params import ANY_DTYPE, load_params, params_for, value_at
 from .topology import Topology, evaluate
 
 __all__ = ["choose", "explain", "fastest", "ranked", "calibrated_times", "rates", "model_time",
-           "gamma_of", "topology_of"]
+           "gamma_of", "topology_of", "pays_overhead"]
 
 
 _default_params = None
@@ -65,6 +66,15 @@ def topology_of(flat, beta):
     return Topology(layout.nodes, (flat["alpha"], beta), tuple(flat["inter"]))
 
 
+def pays_overhead(name):
+    """Whether a call of algorithm ``name`` pays the per-call overhead (the agreement step)
+    beside its own steps.  One that folds the agreement into its first sync (``agreed``
+    in the registry: ``shm``) does not, and its measured times hold what the agreement
+    costs it: priced as overhead + ratio x cost, its small calls, faster than the
+    agreement step alone, came out at the overhead (+44-48 % at 4-400 bytes, N = 2)."""
+    return _registry.get(name).agreed is None
+
+
 def model_time(cost, nranks, count, dtype, flat, beta_gamma=None):
     """The α-β-γ time of ``cost``: the calibrated α, per-size β and γ, ``flat``'s layout."""
     beta, gamma = beta_gamma or rates(flat, count, dtype)
@@ -99,15 +109,15 @@ def calibrated_times(nranks, count, dtype, flat, exclude=()):
     for name in _registry.names():
         if name in exclude:
             continue
-        cost = _registry.get(name).cost
-        if cost is None:
+        algo = _registry.get(name)
+        if algo.cost is None:
             continue
         if trivial:
             out[name] = 0.0
             continue
         ratio = value_at(corrections.get(name), nbytes, 1.0)
-        out[name] = overhead + max(ratio, _MIN_FACTOR) * evaluate(
-            cost, nranks, count, itemsize, alpha, beta, gamma, topo)
+        out[name] = (overhead if algo.agreed is None else 0.0) + max(ratio, _MIN_FACTOR) * (
+            evaluate(algo.cost, nranks, count, itemsize, alpha, beta, gamma, topo))
     return out
 
 

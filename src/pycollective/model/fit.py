@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from .choice import model_time
+from .choice import model_time, pays_overhead
 from .formulas import cost_of
 from .params import params_for
 
@@ -106,7 +106,8 @@ def fit_corrections(nranks, measured, params, dtype="float32", smooth=1, layout=
 
     The α-β-γ cost (with this N's α and the per-size β, γ) is what the
     model says; an allreduce measured at the same size, minus the per-call
-    ``overhead`` every algorithm pays, is what happened.  Their ratio per
+    ``overhead`` an algorithm pays beside its steps (none for one that folds the
+    agreement in: :func:`~pycollective.model.choice.pays_overhead`), is what happened.  Their ratio per
     algorithm and size is where the model misses on this machine (1 means
     it was right); :func:`choose` multiplies the model by it, interpolated
     in log(bytes) between measured sizes and held constant beyond them.
@@ -135,6 +136,7 @@ def fit_corrections(nranks, measured, params, dtype="float32", smooth=1, layout=
             cost = cost_of(name)
         except ValueError:
             continue
+        paid = o if pays_overhead(name) else 0.0
         sizes, ratios = [], []
         for count, t in sorted(rows):
             count = int(count)
@@ -142,7 +144,7 @@ def fit_corrections(nranks, measured, params, dtype="float32", smooth=1, layout=
                 continue
             model_t = model_time(cost, nranks, count, dtype, flat)
             sizes.append(count * dtype.itemsize)
-            ratios.append(max(t - o, 0.0) / model_t if model_t else 1.0)
+            ratios.append(max(t - paid, 0.0) / model_t if model_t else 1.0)
         # Below CURVE_MIN_BYTES the time is start-ups and overhead, the same
         # at every size, so one sample's ratio is mostly noise: average it
         # with its neighbours there.  Above, the ratio has a real shape
