@@ -28,9 +28,10 @@ program has; each count is a size class auto has not decided yet):
   algorithm's measured time (``pred/meas - 1``).
 
 A time is one call after a Barrier, the slowest rank's; an algorithm's time is the
-median of a few such calls after one warm-up.  The cache (XDG_CACHE_HOME) is a new
-empty directory and PYCOLLECTIVE_MODEL names a file that does not exist, so auto
-starts as on a machine it has never seen: the first automatic call measures.
+median of a few such calls after its settling calls (``_settling_calls``).  The cache
+(XDG_CACHE_HOME) is a new empty directory and PYCOLLECTIVE_MODEL names a file that does
+not exist, so auto starts as on a machine it has never seen: the first automatic call
+measures.
 ``--budget`` bounds the seconds spent per N after start-up: the counts are taken
 in increasing order, fewer repetitions where calls are long, algorithms more than
 ``SKIP`` times slower than the best so far are not repeated (they cannot be the best),
@@ -87,11 +88,17 @@ def _calls(comm, fn, n):
 
 def _settling_calls(name, nbytes):
     """Untimed calls before an algorithm's time is its steady one: the first (what it
-    builds), and for ``shm`` above 1 MiB its ways' trials (``Way.LAST_TRIAL`` calls that
-    alternate its slots and its single copy: timed among them, shm at 1e6-1e7 (N = 2)
-    measured 1.5-1.8x its steady time, and the model's error for it -30 % to -45 %)."""
+    builds), up to 64 KiB as many as the first-use measurement warms (a small call settles
+    at its repeated time after about a dozen calls: with one, the median of the next seven
+    took in calls still settling), and for ``shm`` above 1 MiB its ways' trials
+    (``Way.LAST_TRIAL`` calls that alternate its slots and its single copy: timed among
+    them, shm at 1e6-1e7 (N = 2) measured 1.5-1.8x its steady time, and the model's error
+    for it -30 % to -45 %)."""
     from pycollective.algorithms.shm.ways import Way
+    from pycollective.collectives import probe as _probe
     from pycollective.node.group import DOUBLE_LIMIT
+    if nbytes <= _probe.MID:
+        return _probe._WARM_SMALL
     return 1 + (Way.LAST_TRIAL if name == "shm" and nbytes > DOUBLE_LIMIT else 0)
 
 
@@ -106,12 +113,14 @@ def measure(args):
     from pycollective.runtime.context import get_context
 
     n, rank = comm.Get_size(), comm.Get_rank()
-    probe = []
+    probe, probed = [], {}
     real = _probe.measure
 
     def counted(*args):
         entry, seconds = real(*args)
         probe.append(seconds)
+        # what the model was fitted to, for reading its errors (the cache goes at the end)
+        probed.update(measured=entry.get("measured"), corrections=entry.get("corrections"))
         return entry, seconds
     _probe.measure = counted
 
@@ -201,14 +210,15 @@ def measure(args):
             "first_steady_ratio": statistics.fmean(first) / best,
             "steady_ratio": statistics.median(mine) / statistics.median(theirs),
             "steady_seq_ratio": statistics.median(steady) / best,
-            "predicted_s": ranking.get(pick),
+            "predicted_s": ranking.get(pick), "predicted": ranking,
             "pick_measured_s": measured_pick,
             "model_error": (ranking[pick] / measured_pick - 1
                             if measured_pick and pick in ranking else None),
             "algorithms": times})
     result = {"nranks": n, "layout": state0.layout.describe(), "source": state0.params["source"],
               "probe_s": probe[0] if probe else None, "first_call_s": first_call,
-              "budget_s": args.budget, "spent_s": time.perf_counter() - began, "rows": rows,
+              "probe": probed, "budget_s": args.budget,
+              "spent_s": time.perf_counter() - began, "rows": rows,
               "machine": _probe.machine_facts(state0.layout)}
     if rank == 0:
         os.makedirs(args.out, exist_ok=True)
