@@ -254,3 +254,57 @@ def test_auto_times_hierarchical_whatever_the_model_says_only_across_nodes(nodes
     assert ranking[0][0] != "hierarchical"  # else the model alone would time it
     trying = state.explain(10_000_000, np.float32, "sum")[-1]
     assert ("'hierarchical'" in trying) == (len(nodes) > 1), trying
+
+
+def test_a_tuned_decision_prices_nearby_sizes_from_its_trials():
+    # The first-use measurement prices shm by measured ratios up to 9 MiB and holds the
+    # last one beyond; auto's trials at 4 MB put their own ratio in, so 40 MB is priced
+    # from the 4 MB call the job just timed.  Algorithms the model prices by the bare
+    # α-β-γ cost (no measured ratios) are left as they are; every rank gets the same.
+    import numpy as np
+
+    import pycollective.algorithms  # noqa: F401  (registers them)
+    from pycollective.collectives import auto as _auto
+    from pycollective.model.choice import LEARN_SPAN, learned
+    from pycollective.model.params import builtin_params
+    from pycollective.model.topology import Layout
+
+    params = builtin_params("test")
+    shm_curve = [[8.0, 0.2], [4096.0, 0.2], [65536.0, 0.3], [1048576.0, 1.0], [9437184.0, 1.0]]
+    params = {**params, "corrections": {"shm": shm_curve}}
+    state = _auto.AutoState(params, 2, (), Layout((2,), True, (2,), 2 << 20))
+    f32 = np.dtype(np.float32)
+    before = dict(state.ranking(10_000_000, f32))
+    count = 1_000_000
+    shm_before = dict(state.ranking(count, f32))["shm"]
+    measured = {"shm": 1.5 * shm_before, "ring": 3.0 * shm_before}
+    state._decide(state.key(count, f32, "sum"), f32,
+                  Decision("shm", "tuned", count, measured, {}, 12, 1.0))
+    after = dict(state.ranking(10_000_000, f32))
+    assert dict(state.ranking(count, f32))["shm"] == pytest.approx(measured["shm"])
+    assert after["shm"] == pytest.approx(1.5 * before["shm"], rel=0.02)  # held from 4 MB
+    assert after["ring"] == before["ring"]  # no measured ratios: its bare cost stays
+    curve = state.flat["learned"]["shm"]
+    assert [x for x, _ in curve] == [8.0, 4096.0, 65536.0, 4e6]  # 1 and 9 MiB within 4x
+    assert all(not 4e6 / LEARN_SPAN < x < 4e6 * LEARN_SPAN for x, _ in curve[:-1])
+    # pure, and the same for the same agreed times
+    again = learned(state.flat, 2, count, f32, measured)
+    assert again["learned"] == state.flat["learned"] and again is not state.flat
+    # a decision of the model or from a file has no trials: nothing learned
+    kept = state.flat
+    state._decide(state.key(5, f32, "sum"), f32, Decision("ring", "model", 5))
+    assert state.flat is kept
+
+
+def test_small_trials_are_not_learned_from():
+    # a small call's trial time carries the switches between candidates
+    import numpy as np
+
+    from pycollective.model.choice import LEARN_FROM, learned
+    from pycollective.model.params import builtin_params, params_for
+
+    flat = params_for({**builtin_params("test"), "corrections": {"shm": [[8.0, 0.2]]}}, 2)
+    f32 = np.dtype(np.float32)
+    assert learned(flat, 2, LEARN_FROM // 4, f32, {"shm": 1.0}) is flat
+    assert learned(flat, 2, LEARN_FROM // 4 + 1, f32, {"shm": 1.0})["learned"]["shm"][-1][0] \
+        == LEARN_FROM + 4

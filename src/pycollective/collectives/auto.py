@@ -53,7 +53,7 @@ from .._errors import CollectiveMismatch
 from ..data.ops import OPS
 from ..runtime.root import bcast_from_root
 from ..node.group import node_comm
-from ..model.choice import ranked
+from ..model.choice import learned, ranked
 from ..model.params import builtin_params, load_params, params_for
 from ..model.topology import Layout
 from ..model.tuning import (Decision, Tuner, candidates, class_bounds, load_decisions,
@@ -340,6 +340,8 @@ class AutoState:
         if len(self.decisions) >= self._LIMIT:
             self.decisions.clear()
         self.decisions[key] = decision
+        if decision.how == "tuned":  # the trials' agreed times refine the model's ratios
+            self.flat = learned(self.flat, self.size, decision.count, dtype, decision.times)
         if _timeline.ACTIVE is not None:  # timeline hook: auto's decision
             _timeline.ACTIVE.instant("auto decided", algorithm=decision.algorithm,
                                      how=decision.how, shape=str(key))

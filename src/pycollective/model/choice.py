@@ -22,7 +22,7 @@ from .params import ANY_DTYPE, load_params, params_for, value_at
 from .topology import Topology, evaluate
 
 __all__ = ["choose", "explain", "fastest", "ranked", "calibrated_times", "rates", "model_time",
-           "gamma_of", "topology_of", "pays_overhead"]
+           "gamma_of", "topology_of", "pays_overhead", "learned", "LEARN_SPAN", "LEARN_FROM"]
 
 
 _default_params = None
@@ -89,6 +89,51 @@ def _corrections(flat):
     return flat["corrections"] if flat.get("nodes", 1) == nodes else {}
 
 
+#: A size auto timed replaces a curve's points within this factor of it: they were
+#: measured earlier in the job or at other sizes, the trial is the nearest evidence.
+LEARN_SPAN = 4.0
+#: Only trials above this many bytes per rank are learned from.  A small call's trial
+#: time carries the switches between candidates (a shape's first calls of each, which
+#: the first-use measurement's warm-up calls leave out): learned from, the trials of
+#: the job's first class (12 bytes) priced shm's later 4-400 byte calls at 2.5-5x their
+#: time where ranks share cores (N = 4, 8).  A large call's time is its data's.
+LEARN_FROM = 1 << 20
+
+
+def learned(flat, nranks, count, dtype, times):
+    """``flat`` with auto's trials of ``count`` elements of ``dtype`` put into the measured
+    ratios: ``times`` is ``{name: agreed seconds of a call}``; each timed algorithm that the
+    model prices by measured ratios (the first-use measurement's ``shm``, a calibration's
+    corrections) gets the ratio of that time to its α-β-γ cost at this size, replacing
+    the points within :data:`LEARN_SPAN` of it (above :data:`LEARN_FROM` bytes per rank
+    only).  So sizes auto has not timed yet are
+    priced from the nearest sizes it has, on the machine as it is now: a curve measured at
+    first use is held beyond its largest size (9 MiB), where a call of 40 MB at N = 2
+    took 1.15-1.45x the time the 9 MiB rate gave (docs/results/auto-score.md).  Pure;
+    the same agreed times give every rank the same parameters."""
+    dtype = np.dtype(dtype)
+    if count * dtype.itemsize <= LEARN_FROM or nranks <= 1 or not times:
+        return flat
+    base = _corrections(flat)
+    curves = dict(flat.get("learned") or {})
+    beta, gamma = rates(flat, count, dtype)
+    topo, nbytes = topology_of(flat, beta), float(count * dtype.itemsize)
+    for name, seconds in sorted(times.items()):
+        curve = curves.get(name, base.get(name))
+        if not curve or name not in _registry.names():
+            continue
+        algo = _registry.get(name)
+        plain = evaluate(algo.cost, nranks, count, dtype.itemsize, flat["alpha"], beta, gamma,
+                         topo) if algo.cost is not None else 0.0
+        if plain <= 0:
+            continue
+        paid = flat["overhead"] if algo.agreed is None else 0.0
+        kept = [point for point in curve
+                if not nbytes / LEARN_SPAN < point[0] < nbytes * LEARN_SPAN]
+        curves[name] = sorted(kept + [[nbytes, max(seconds - paid, 0.0) / plain]])
+    return {**flat, "learned": curves}
+
+
 def calibrated_times(nranks, count, dtype, flat, exclude=()):
     """``{name: calibrated prediction}`` for every algorithm with a cost model (but ``exclude``),
     in registry order.
@@ -100,7 +145,7 @@ def calibrated_times(nranks, count, dtype, flat, exclude=()):
     """
     out = {}
     beta, gamma = rates(flat, count, dtype)
-    corrections = _corrections(flat)
+    corrections = {**_corrections(flat), **(flat.get("learned") or {})}
     # what every algorithm's price shares, found once (auto's first call of each
     # shape ranks every algorithm, in Python)
     topo, alpha, overhead = topology_of(flat, beta), flat["alpha"], flat["overhead"]
