@@ -27,8 +27,8 @@ ranks measure, at once and as they run inside an allreduce:
   ones (copies, kernel passes, the MPI library's own transfer), when that is
   more than the bare ring's;
 * and the shared-memory algorithm itself: ``allreduce(algorithm="shm")``
-  of 8 B, 4 KiB, 64 KiB, 1 MiB and 9 MiB per rank on a duplicate of the
-  communicator, as a program's repeated calls run it (the library's Python,
+  of 8 B, 4 KiB, 64 KiB, 256 KiB, 1 MiB, 4 MiB and 9 MiB per rank on a duplicate of
+  the communicator, as a program's repeated calls run it (the library's Python,
   the agreement folded into its first sync, its compiled steps and syncs).
   No α-β-γ formula prices what it does (it moves data at memory speed and
   synchronises with atomics, not messages), so the model takes its measured
@@ -68,14 +68,18 @@ from .agree import agree_max
 __all__ = ["VERSION", "machine_facts", "cache_file", "measure", "machine_params",
            "SMALL", "MID", "LARGE", "KERNEL_IN", "KERNEL_OUT"]
 
-VERSION = 4  # 2: the library's own ring and shm calls timed; 3: shm's after its ways' trials,
-             # the library's ring of MID bytes; 4: shm's ratios hold its agreement
+VERSION = 5  # 2: the library's own ring and shm calls timed; 3: shm's after its ways' trials,
+             # the library's ring of MID bytes; 4: shm's ratios hold its agreement;
+             # 5: shm at 256 KiB and 4 MiB too
 SMALL, MID, LARGE = 8, 64 << 10, 4 << 20      # bytes of the ring messages
 KERNEL_IN, KERNEL_OUT = 64 << 10, 8 << 20     # bytes reduced: in a core's cache, from memory
 _REPS = 3                                     # repetitions; the minimum counts
 # bytes per rank of the timed shm calls; the largest just above shm's SINGLE_COPY_BYTES
-# (8 MiB), so that it takes the way of every larger call where ranks outnumber cores
-SHM_SIZES = (8, 4 << 10, 64 << 10, 1 << 20, 9 << 20)
+# (8 MiB), so that it takes the way of every larger call where ranks outnumber cores.
+# 256 KiB and 4 MiB: between 64 KiB, 1 MiB (two slot regions up to it, one above) and
+# 9 MiB (the single copy) a call's time per byte is not the log-mean of theirs: at 4 ranks
+# per core 400 KB calls were priced 31-66 % above their time and 4 MB ones 32-37 % below
+SHM_SIZES = (8, 4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 9 << 20)
 _WARM = 3                                     # untimed library calls of each size first
 _WARM_SMALL = 12                              # ... of each size up to MID (they settle later)
 _WARM_WAYS = 10                               # ... of shm above 1 MiB: its ways' trial calls
