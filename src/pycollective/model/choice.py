@@ -22,7 +22,8 @@ from .params import ANY_DTYPE, load_params, params_for, value_at
 from .topology import Topology, evaluate
 
 __all__ = ["choose", "explain", "fastest", "ranked", "calibrated_times", "rates", "model_time",
-           "gamma_of", "topology_of", "pays_overhead", "learned", "LEARN_SPAN", "LEARN_FROM"]
+           "gamma_of", "topology_of", "pays_overhead", "measured_ratio", "learned", "LEARN_SPAN",
+           "LEARN_FROM"]
 
 
 _default_params = None
@@ -82,6 +83,17 @@ def model_time(cost, nranks, count, dtype, flat, beta_gamma=None):
                     topology_of(flat, beta))
 
 
+def measured_ratio(name, seconds, nranks, count, dtype, flat, overhead):
+    """A call of ``name`` that took ``seconds`` over its α-β-γ time (:func:`model_time`),
+    ``overhead`` taken off where the algorithm pays it apart (:func:`pays_overhead`):
+    the ratio :func:`calibrated_times` multiplies its cost by.  None where the model
+    gives no time."""
+    model_t = model_time(_registry.get(name).cost, nranks, count, dtype, flat)
+    if not model_t:
+        return None
+    return max(seconds - (overhead if pays_overhead(name) else 0.0), 0.0) / model_t
+
+
 def _corrections(flat):
     """The measured ratios, if they were measured on as many nodes as ``flat``'s layout has."""
     layout = flat.get("layout")
@@ -116,21 +128,17 @@ def learned(flat, nranks, count, dtype, times):
         return flat
     base = _corrections(flat)
     curves = dict(flat.get("learned") or {})
-    beta, gamma = rates(flat, count, dtype)
-    topo, nbytes = topology_of(flat, beta), float(count * dtype.itemsize)
+    nbytes = float(count * dtype.itemsize)
     for name, seconds in sorted(times.items()):
         curve = curves.get(name, base.get(name))
-        if not curve or name not in _registry.names():
+        if not curve or name not in _registry.names() or _registry.get(name).cost is None:
             continue
-        algo = _registry.get(name)
-        plain = evaluate(algo.cost, nranks, count, dtype.itemsize, flat["alpha"], beta, gamma,
-                         topo) if algo.cost is not None else 0.0
-        if plain <= 0:
+        ratio = measured_ratio(name, seconds, nranks, count, dtype, flat, flat["overhead"])
+        if ratio is None:
             continue
-        paid = flat["overhead"] if algo.agreed is None else 0.0
         kept = [point for point in curve
                 if not nbytes / LEARN_SPAN < point[0] < nbytes * LEARN_SPAN]
-        curves[name] = sorted(kept + [[nbytes, max(seconds - paid, 0.0) / plain]])
+        curves[name] = sorted(kept + [[nbytes, ratio]])
     return {**flat, "learned": curves}
 
 
@@ -154,15 +162,15 @@ def calibrated_times(nranks, count, dtype, flat, exclude=()):
     for name in _registry.names():
         if name in exclude:
             continue
-        algo = _registry.get(name)
-        if algo.cost is None:
+        cost = _registry.get(name).cost
+        if cost is None:
             continue
         if trivial:
             out[name] = 0.0
             continue
         ratio = value_at(corrections.get(name), nbytes, 1.0)
-        out[name] = (overhead if algo.agreed is None else 0.0) + max(ratio, _MIN_FACTOR) * (
-            evaluate(algo.cost, nranks, count, itemsize, alpha, beta, gamma, topo))
+        out[name] = (overhead if pays_overhead(name) else 0.0) + max(ratio, _MIN_FACTOR) * (
+            evaluate(cost, nranks, count, itemsize, alpha, beta, gamma, topo))
     return out
 
 

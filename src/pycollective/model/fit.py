@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from .choice import model_time, pays_overhead
+from .choice import measured_ratio
 from .formulas import cost_of
 from .params import params_for
 
@@ -133,18 +133,17 @@ def fit_corrections(nranks, measured, params, dtype="float32", smooth=1, layout=
     out = {}
     for name, rows in measured["times"].items():
         try:
-            cost = cost_of(name)
+            cost_of(name)  # unknown, or without a cost model: no ratios
         except ValueError:
             continue
-        paid = o if pays_overhead(name) else 0.0
         sizes, ratios = [], []
         for count, t in sorted(rows):
             count = int(count)
             if count == 0:
                 continue
-            model_t = model_time(cost, nranks, count, dtype, flat)
+            ratio = measured_ratio(name, t, nranks, count, dtype, flat, o)
             sizes.append(count * dtype.itemsize)
-            ratios.append(max(t - paid, 0.0) / model_t if model_t else 1.0)
+            ratios.append(1.0 if ratio is None else ratio)
         # Below CURVE_MIN_BYTES the time is start-ups and overhead, the same
         # at every size, so one sample's ratio is mostly noise: average it
         # with its neighbours there.  Above, the ratio has a real shape

@@ -61,7 +61,7 @@ from ...node.atomics import STRIDE, _fence, _load, _sched_yield, raise_own, wait
 from ...data.kernels import _max, _max_f16, _min, _min_f16, _prod, _prod_f16, _sum, _sum_f16
 from ...node.views import view
 from .mid import _fold_native as _fold  # the same left fold as the older steps'
-from .mid import _stream
+from .mid import _ONE, _ZERO, _stream  # constant arguments that compile no literal callees
 from . import books as _books
 
 __all__ = ["step", "step_half", "enter", "enter_half", "line_bounds", "call_word", "DONE", "WORDS_DIFFER", "LATE",
@@ -95,9 +95,6 @@ _X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 CONTROL_WORDS = BOOKS + _books.WORDS
 
 _jit = numba.njit(cache=True, nogil=True)
-# Arguments for compiled callees: a constant argument is typed as a literal, and numba
-# compiles the callee once more for each literal value; globals of a numpy type are not.
-_ZERO, _ONE = np.int64(0), np.int64(1)
 
 
 @intrinsic
