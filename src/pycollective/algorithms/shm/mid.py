@@ -303,6 +303,9 @@ _agreed = agreed_step
 def prepared_step(ctl, src, dst, first, number, sides):
     """:func:`agreed_step` (targets ``first`` and ``first + 1``, the same header set to
     publish and check) with its other arrays at the addresses in ``ctl``."""
+    # by address: a read-only send buffer would compile the whole step again (its type
+    # differs); nothing here writes it
+    src = view(src.ctypes.data, src.shape[0], dst.dtype)
     flags, board, values, headers, fingerprint = controlled(ctl, sides)
     flat = view(ctl[FLAT], ctl[FLAT_LEN], dst.dtype)
     bounds = view(ctl[BOUNDS], ctl[SIZE] + 1, np.int64)
