@@ -4,7 +4,7 @@ import numba
 import numpy as np
 import pytest
 
-from pycollective.node.views import address, strided, view
+from pycollective.node.views import address, as_writable, strided, view
 
 
 @numba.njit
@@ -46,3 +46,19 @@ def test_strided_rows_cover_exactly_their_elements(rows, count, stride):
     got = _rows_sum(address(flat), rows, count, stride, flat.dtype)
     expected = sum(int(flat[q * stride + i]) for q in range(rows) for i in range(count))
     assert got == (rows, count, expected)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "int8", "uint64"])
+@pytest.mark.parametrize("count", [0, 1, 7, 1000])
+def test_as_writable_aliases_a_read_only_array_and_leaves_a_writable_one(dtype, count):
+    """A read-only send buffer reaches the compiled steps as a writable alias of the same
+    memory (numba would compile them again for its type); a writable one as itself."""
+    data = np.arange(count).astype(dtype)
+    assert as_writable(data) is data
+    data.flags.writeable = False
+    alias = as_writable(data)
+    assert alias.flags.writeable and alias.dtype == data.dtype and alias.shape == data.shape
+    assert np.array_equal(alias.view(np.uint8), data.view(np.uint8))
+    if count:
+        assert address(alias) == address(data)
+        assert numba.typeof(alias) == numba.typeof(np.empty(count, dtype))

@@ -10,6 +10,7 @@ its memory mapped, for as long as the address is used.
 """
 
 import array as _array
+import ctypes
 
 import numba
 import numpy as np
@@ -17,7 +18,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["address", "view", "strided"]
+__all__ = ["address", "view", "strided", "as_writable"]
 
 
 def address(array) -> int:
@@ -26,6 +27,17 @@ def address(array) -> int:
     if type(array) is _array.array:
         return array.buffer_info()[0]
     return array.__array_interface__["data"][0]
+
+
+def as_writable(array):
+    """``array`` itself if it is writable, else a writable 1-D alias of its memory (a
+    C-contiguous ``array``), for a compiled call that only reads it: numba types a
+    read-only array apart from a writable one and compiles the whole callee again for it.
+    The alias lives no longer than the call; ``array`` must outlive it."""
+    if array.flags.writeable:
+        return array
+    memory = (ctypes.c_char * array.nbytes).from_address(address(array))
+    return np.frombuffer(memory, array.dtype, array.size)
 
 
 @intrinsic

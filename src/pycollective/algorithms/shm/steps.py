@@ -28,7 +28,7 @@ import numpy as np
 
 from ...data.partition import chunk_bounds
 from ...node.group import DOUBLE_LIMIT, FP_WORDS, PARITY
-from ...node.views import address
+from ...node.views import address, as_writable
 from ...runtime.watch import FP_OP
 from . import mid as _mid, small as _small
 from .stores import Stores
@@ -55,6 +55,7 @@ def compiled(state, call, dst, board=None):
 
 def small_data(node, call, src, dst):
     """The small path's data step in compiled code (the slots are big enough already)."""
+    src = as_writable(src)  # a read-only one would compile the whole step again
     group = node.group
     target, publish, checking = group.compiled_step(call, check=True)
     if checking is None:  # an earlier step of the call compared them: again, no harm
@@ -113,7 +114,9 @@ def _small_folded(s: SmallCall, call, src, dst, values):
     """:func:`small_agreed` once its target, slot rows and header set are known."""
     group = s.node.group
     half = s.step is _small.agreed_step_half
-    data_src, data_dst = (src.view(np.uint16), dst.view(np.uint16)) if half else (src, dst)
+    data_src = as_writable(src)  # a read-only one would compile the whole step again
+    data_src, data_dst = (data_src.view(np.uint16), dst.view(np.uint16)) if half \
+        else (data_src, dst)
     verdict = s.step(group.barrier.words, group.rank, group.size, s.target, s.rows_board, values,
                      s.rows, data_src, s.headers, call.number, call.fingerprint_words, data_dst,
                      call.fingerprint[FP_OP])
@@ -206,6 +209,7 @@ def _mid_slots(node, dtype, offset):
 
 def _mid_call_args(slots, bounds, half, number, words, op, src, dst, publish, checking):
     """(``number``, ``words``, ``op``: the call's number, fingerprint words and op code.)"""
+    src = as_writable(src)  # a read-only one would compile the whole step again
     if half:
         src, dst = src.view(np.uint16), dst.view(np.uint16)
     flat, stride, base = slots
