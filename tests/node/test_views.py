@@ -62,3 +62,15 @@ def test_as_writable_aliases_a_read_only_array_and_leaves_a_writable_one(dtype, 
     if count:
         assert address(alias) == address(data)
         assert numba.typeof(alias) == numba.typeof(np.empty(count, dtype))
+
+
+def test_as_writable_leaves_a_strided_read_only_array_as_it_is():
+    """Only a C-contiguous array has an alias over its own bytes; a strided one is passed
+    on unchanged (numba compiles for its type), never aliased over the wrong elements."""
+    data = np.arange(20, dtype=np.float32)[::2]
+    data.flags.writeable = False
+    assert as_writable(data) is data
+    grid = np.arange(12, dtype=np.int32).reshape(3, 4)
+    grid.flags.writeable = False
+    alias = as_writable(grid)
+    assert alias.shape == (3, 4) and alias.flags.writeable and np.array_equal(alias, grid)

@@ -30,14 +30,14 @@ def address(array) -> int:
 
 
 def as_writable(array):
-    """``array`` itself if it is writable, else a writable 1-D alias of its memory (a
-    C-contiguous ``array``), for a compiled call that only reads it: numba types a
-    read-only array apart from a writable one and compiles the whole callee again for it.
-    The alias lives no longer than the call; ``array`` must outlive it."""
-    if array.flags.writeable:
+    """A writable alias of a read-only C-contiguous ``array``'s memory (same shape and
+    dtype), for a compiled call that only reads it: numba types a read-only array apart
+    from a writable one and compiles the whole callee again for it.  Any other array is
+    returned as it is.  The alias lives no longer than the call; ``array`` must outlive it."""
+    if array.flags.writeable or not array.flags.c_contiguous:
         return array
     memory = (ctypes.c_char * array.nbytes).from_address(address(array))
-    return np.frombuffer(memory, array.dtype, array.size)
+    return np.frombuffer(memory, array.dtype, array.size).reshape(array.shape)
 
 
 @intrinsic
