@@ -6,9 +6,21 @@ at several rank counts.  The files in ``tests/mpi`` are only collected by
 those launches (``--with-mpi``), never by the serial process itself.
 """
 
+import os
 from pathlib import Path
 
 MPI_DIR = Path(__file__).parent / "mpi"
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+# Every process of the suite runs the checkout's library: this one (pyproject's
+# ``pythonpath``) and every launch it makes (PYTHONPATH, which the launches inherit).
+# numba keeps its compiled code beside each source file, so a suite that ran the
+# installed copy in some processes and src/ in others compiled everything twice (the
+# tests of the benchmark scripts, the emulated hosts and the timeline run src/).
+# tests/test_packaging.py checks that the installed copy carries the same files.
+_paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+if str(SRC) not in _paths:
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SRC)] + _paths))
 
 
 def pytest_ignore_collect(collection_path, config):
