@@ -7,7 +7,9 @@ launcher (``tests/test_mpi_suites.py``) shows the report.
 """
 
 import os
+import shutil
 import sys
+import tempfile
 
 import pytest
 from mpi4py import MPI
@@ -19,6 +21,19 @@ os.environ.setdefault("PYCOLLECTIVE_MEASURE", "0")
 
 
 _outcomes = {"passed": 0, "skipped": 0}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    """Each rank its own base folder for ``tmp_path`` (before pytest's own configure reads
+    it), removed when the rank's session ends.  The ranks are pytest processes started
+    together; in pytest's shared ``/tmp/pytest-of-USER`` each prunes the others' numbered
+    folders and the ``pytest-current`` link as it exits, and a rank once failed there
+    (FileNotFoundError at the end of a launch whose every test had passed)."""
+    if config.option.basetemp is None:
+        rank = MPI.COMM_WORLD.Get_rank()
+        config.option.basetemp = tempfile.mkdtemp(prefix=f"pycollective-tests-rank{rank}-")
+        config.add_cleanup(lambda: shutil.rmtree(config.option.basetemp, ignore_errors=True))
 
 
 @pytest.hookimpl(hookwrapper=True)
