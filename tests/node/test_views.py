@@ -4,7 +4,7 @@ import numba
 import numpy as np
 import pytest
 
-from pycollective.node.views import address, as_writable, strided, view
+from pycollective.node.views import address, as_writable, strided, view, writable_view
 
 
 @numba.njit
@@ -74,3 +74,19 @@ def test_as_writable_leaves_a_strided_read_only_array_as_it_is():
     grid.flags.writeable = False
     alias = as_writable(grid)
     assert alias.shape == (3, 4) and alias.flags.writeable and np.array_equal(alias, grid)
+
+
+@numba.njit
+def _view_of(array, dtype):
+    v = writable_view(array, dtype)
+    return v.ctypes.data, v.shape[0], v.sum()
+
+
+def test_writable_view_is_the_read_only_arrays_memory():
+    """In compiled code, a read-only array viewed by address (what shm's typed entries pass
+    their callees): the same memory and values, typed writable."""
+    data = np.arange(9, dtype=np.int32)
+    data.flags.writeable = False
+    assert numba.typeof(data).mutable is False
+    at, n, total = _view_of(data, data.dtype)
+    assert (at, n, total) == (address(data), 9, 36)

@@ -18,7 +18,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["address", "view", "strided", "as_writable"]
+__all__ = ["address", "view", "strided", "as_writable", "writable_view"]
 
 
 def address(array) -> int:
@@ -54,6 +54,16 @@ def _pointer(typingctx, at):
 def view(at, shape, dtype):
     """A C-contiguous array of ``shape`` and ``dtype`` over the memory at address ``at``."""
     return numba.carray(_pointer(at), shape, dtype)
+
+
+@numba.njit(cache=True, nogil=True)
+def writable_view(array, dtype):
+    """The 1-D C-contiguous ``array``'s memory as a writable array of ``dtype`` (same
+    count), for a compiled entry that only reads it: a read-only array is typed apart from
+    a writable one, and whatever the entry calls with it would compile again for that
+    type; the entry's callees see only the writable view.  The Python side's twin is
+    :func:`as_writable`."""
+    return view(array.ctypes.data, array.shape[0], dtype)
 
 
 @numba.njit(cache=True, nogil=True)

@@ -50,7 +50,7 @@ from numba.extending import intrinsic, overload
 from ...node.atomics import raise_own, wait_own
 from ...data.kernels import _max, _max_f16, _min, _min_f16, _prod, _prod_f16, _sum, _sum_f16
 from ...node.group import BLOCK_BYTES
-from ...node.views import view
+from ...node.views import view, writable_view
 # The verdicts, header and agreement-row code and the shared control words
 # are the small path's: one home.
 from .small import (DISAGREE, DONE, HEADERS_DIFFER, LATE, OP, RANK, SIZE, UNFOLDED, _header,
@@ -303,9 +303,7 @@ _agreed = agreed_step
 def prepared_step(ctl, src, dst, first, number, sides):
     """:func:`agreed_step` (targets ``first`` and ``first + 1``, the same header set to
     publish and check) with its other arrays at the addresses in ``ctl``."""
-    # by address: a read-only send buffer would compile the whole step again (its type
-    # differs); nothing here writes it
-    src = view(src.ctypes.data, src.shape[0], dst.dtype)
+    src = writable_view(src, dst.dtype)  # a read-only one would compile the step again
     flags, board, values, headers, fingerprint = controlled(ctl, sides)
     flat = view(ctl[FLAT], ctl[FLAT_LEN], dst.dtype)
     bounds = view(ctl[BOUNDS], ctl[SIZE] + 1, np.int64)

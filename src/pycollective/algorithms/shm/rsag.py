@@ -59,7 +59,7 @@ from numba.extending import intrinsic
 
 from ...node.atomics import STRIDE, _fence, _load, _sched_yield, raise_own, wait_own
 from ...data.kernels import _max, _max_f16, _min, _min_f16, _prod, _prod_f16, _sum, _sum_f16
-from ...node.views import view
+from ...node.views import view, writable_view
 from .mid import _fold_native as _fold  # the same left fold as the older steps'
 from .mid import _ONE, _ZERO, _stream  # constant arguments that compile no literal callees
 from . import books as _books
@@ -270,16 +270,16 @@ def step(ctl, source, dst, target, number, sides, phase):
     ``(verdict, phase)``, verdict DONE, WORDS_DIFFER or LATE.  ``target``: the first of
     the call's two barrier targets; ``sides``: bit 0 the board, 1 the slot region, 2 the
     header set, 3 (``STREAM``) non-temporal stores for what the others read."""
-    # by address: a read-only send buffer is typed apart from the slots' views, which a
-    # fold's operands must match; nothing here writes it
-    src = view(source.ctypes.data, source.shape[0], dst.dtype)
+    # a read-only send buffer is typed apart from the slots' views, which a fold's
+    # operands must match
+    src = writable_view(source, dst.dtype)
     return _body(ctl, src, dst, target, number, sides, np.int64(phase))
 
 
 @_jit
 def step_half(ctl, source, dst, target, number, sides, phase):
     """:func:`step` for float16 (``source`` and ``dst`` as uint16)."""
-    src = view(source.ctypes.data, source.shape[0], dst.dtype)
+    src = writable_view(source, dst.dtype)
     return _body_half(ctl, src, dst, target, number, sides, np.int64(phase))
 
 

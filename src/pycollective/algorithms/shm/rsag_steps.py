@@ -32,7 +32,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ...node.group import DOUBLE_LIMIT
-from ...node.views import address, as_writable
+from ...node.views import address
 from . import books as _books, rsag as _rsag, small as _small
 from . import steps as _steps
 from .stores import Stores
@@ -167,9 +167,7 @@ class RepeatedRsag(_steps._Repeated):
         stores = self.stores
         kind, started = (0, 0.0) if stores is None else stores.next()
         sides = self.board.take_side() | parity << 1 | side << 2 | kind * _rsag.STREAM
-        src = as_writable(src)  # a read-only one would compile the step's entry again
-        if self.half:
-            src, dst = src.view(np.uint16), dst.view(np.uint16)
+        src, dst = _steps.data_buffers(src, dst, self.half)
         verdict, phase = self.step(ctl, src, dst, target, number, sides, 0)
         if verdict == _rsag.DONE:
             if started:
@@ -241,9 +239,7 @@ class RepeatedRsag(_steps._Repeated):
         sides = self.board.take_side() | node.parity << 1 | side << 2
         if self.stores is not None:
             sides |= self.stores.using * _rsag.STREAM
-        data_src = as_writable(src)  # a read-only one would compile the step's entry again
-        data_src, data_dst = (data_src.view(np.uint16), dst.view(np.uint16)) if self.half \
-            else (data_src, dst)
+        data_src, data_dst = _steps.data_buffers(src, dst, self.half)
         verdict, phase = self.step(ctl, data_src, data_dst, target, call.number, sides, 0)
         return self._after(RsagCall(ctl, target, call.number, sides), call, verdict, phase,
                            values, src, dst)
@@ -253,9 +249,7 @@ class RepeatedRsag(_steps._Repeated):
         ctl, target, number, sides = r
         node = self.node
         group = node.group
-        data_src = as_writable(src)  # a read-only one would compile the step's entry again
-        data_src, data_dst = (data_src.view(np.uint16), dst.view(np.uint16)) if self.half \
-            else (data_src, dst)
+        data_src, data_dst = _steps.data_buffers(src, dst, self.half)
         while verdict != _rsag.DONE:
             if verdict == _rsag.LATE:
                 group.barrier.wait(target if phase == 1 else target + 1)  # with the deadline

@@ -41,7 +41,7 @@ import numpy as np
 
 from ...node.atomics import raise_own, wait_own
 from ...data.kernels import _max, _max_f16, _min, _min_f16, _prod, _prod_f16, _sum, _sum_f16
-from ...node.views import strided, view
+from ...node.views import strided, view, writable_view
 
 __all__ = ["data_step", "data_step_half", "agreed_step", "agreed_step_half",
            "rows_verdict", "rows_agree", "reduce", "reduce_half", "DONE", "DISAGREE",
@@ -284,9 +284,7 @@ def _controlled_rows(ctl, sides, dtype):
 @_jit
 def prepared_step(ctl, src, dst, target, number, sides):
     """:func:`agreed_step` with its other arrays at the addresses in ``ctl``."""
-    # by address: a read-only send buffer would compile the whole step again (its type
-    # differs); nothing here writes it
-    src = view(src.ctypes.data, src.shape[0], dst.dtype)
+    src = writable_view(src, dst.dtype)  # a read-only one would compile the step again
     flags, board, values, headers, fingerprint = controlled(ctl, sides)
     rows = _controlled_rows(ctl, sides, dst.dtype)
     return agreed_step(flags, ctl[RANK], ctl[SIZE], target, board, values, rows, src, headers,
@@ -296,7 +294,7 @@ def prepared_step(ctl, src, dst, target, number, sides):
 @_jit
 def prepared_step_half(ctl, src, dst, target, number, sides):
     """:func:`prepared_step` for float16 (uint16 views)."""
-    src = view(src.ctypes.data, src.shape[0], dst.dtype)
+    src = writable_view(src, dst.dtype)  # a read-only one would compile the step again
     flags, board, values, headers, fingerprint = controlled(ctl, sides)
     rows = _controlled_rows(ctl, sides, dst.dtype)
     return agreed_step_half(flags, ctl[RANK], ctl[SIZE], target, board, values, rows, src,

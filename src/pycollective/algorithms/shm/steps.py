@@ -33,13 +33,23 @@ from ...runtime.watch import FP_OP
 from . import mid as _mid, small as _small
 from .stores import Stores
 
-__all__ = ["REPLICATE_BYTES", "COMPILED", "compiled", "small_data", "small_agreed",
+__all__ = ["REPLICATE_BYTES", "COMPILED", "compiled", "data_buffers", "small_data", "small_agreed",
            "mid_compiled", "mid_data", "mid_agreed", "repeated"]
 
 REPLICATE_BYTES = 4 << 10     # up to this, every rank reduces the whole vector
 _F16 = np.dtype(np.float16)
 COMPILED = {np.dtype(t) for t in ("float16", "float32", "float64", "int8", "int16", "int32",
                                   "int64", "uint8", "uint16", "uint32", "uint64")}
+
+
+def data_buffers(src, dst, half):
+    """``src`` and ``dst`` as the compiled steps take them: a read-only send buffer as a
+    writable alias of its memory (numba would compile the whole step again for its type;
+    the steps only read it), float16 (``half``) as its uint16 bit patterns."""
+    src = as_writable(src)
+    if half:
+        return src.view(np.uint16), dst.view(np.uint16)
+    return src, dst
 
 
 # --- the small path (up to REPLICATE_BYTES, one sync) in compiled code --------------------
@@ -55,15 +65,13 @@ def compiled(state, call, dst, board=None):
 
 def small_data(node, call, src, dst):
     """The small path's data step in compiled code (the slots are big enough already)."""
-    src = as_writable(src)  # a read-only one would compile the whole step again
     group = node.group
     target, publish, checking = group.compiled_step(call, check=True)
     if checking is None:  # an earlier step of the call compared them: again, no harm
         checking = group.header_set()
     offset, _ = node.begin(dst.nbytes)
     half = dst.dtype == _F16
-    if half:
-        src, dst = src.view(np.uint16), dst.view(np.uint16)
+    src, dst = data_buffers(src, dst, half)
     rows = node.rows(offset, dst.size, dst.dtype)
     op = call.fingerprint[FP_OP]
     step = _small.data_step_half if half else _small.data_step
@@ -114,9 +122,7 @@ def _small_folded(s: SmallCall, call, src, dst, values):
     """:func:`small_agreed` once its target, slot rows and header set are known."""
     group = s.node.group
     half = s.step is _small.agreed_step_half
-    data_src = as_writable(src)  # a read-only one would compile the whole step again
-    data_src, data_dst = (data_src.view(np.uint16), dst.view(np.uint16)) if half \
-        else (data_src, dst)
+    data_src, data_dst = data_buffers(src, dst, half)
     verdict = s.step(group.barrier.words, group.rank, group.size, s.target, s.rows_board, values,
                      s.rows, data_src, s.headers, call.number, call.fingerprint_words, data_dst,
                      call.fingerprint[FP_OP])
@@ -209,9 +215,7 @@ def _mid_slots(node, dtype, offset):
 
 def _mid_call_args(slots, bounds, half, number, words, op, src, dst, publish, checking):
     """(``number``, ``words``, ``op``: the call's number, fingerprint words and op code.)"""
-    src = as_writable(src)  # a read-only one would compile the whole step again
-    if half:
-        src, dst = src.view(np.uint16), dst.view(np.uint16)
+    src, dst = data_buffers(src, dst, half)
     flat, stride, base = slots
     return (flat, stride, base, src, dst, bounds,
             _NO_HEADERS if publish is None else publish, number, words,
