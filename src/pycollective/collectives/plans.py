@@ -132,9 +132,18 @@ class _Bound:
     """A checked call on two array objects (see :func:`repeat`): the arguments it was
     made with, the arrays' state then, and the plan it found."""
 
-    __slots__ = ("send", "recv", "op", "comm", "algorithm", "timeout", "thread", "epoch",
-                 "generation", "world", "ctx", "plan", "auto", "sflags", "rflags", "dtype",
+    __slots__ = ("send", "sender", "recv", "op", "comm", "algorithm", "timeout", "thread",
+                 "epoch", "generation", "ctx", "version", "plan", "sflags", "rflags", "dtype",
                  "size", "entry")
+
+
+def _in_place():
+    return MPI.IN_PLACE
+
+
+# The bound call found or made last, on any thread: a loop on one pair of arrays finds it
+# without the table's key (two ids and a tuple: a fifth of the lookup).
+_last: Optional[_Bound] = None
 
 
 def bind(sendbuf, recvbuf, op, comm, algorithm, timeout, found) -> None:
@@ -155,45 +164,54 @@ def bind(sendbuf, recvbuf, op, comm, algorithm, timeout, found) -> None:
     # None in place: the key's first id is then MPI.IN_PLACE's or recvbuf's own
     b.send = None if in_place else weakref.ref(sendbuf)
     b.recv = weakref.ref(recvbuf)
+    # the object passed as sendbuf, whichever it was: the array, recvbuf or MPI.IN_PLACE
+    b.sender = b.recv if sendbuf is recvbuf else _in_place if in_place else b.send
     b.op, b.comm, b.algorithm, b.timeout = op, comm, algorithm, timeout
     b.thread, b.epoch, b.generation = _threads.code(), plan.epoch, _generation
-    b.world = MPI.COMM_WORLD if comm is None else comm
-    b.ctx, b.plan, b.auto = ctx, plan, plan.auto
+    # lookup found plan.auto current; a later auto state, or the context freed (a freed
+    # communicator), moves the context's version
+    b.ctx, b.version, b.plan = ctx, ctx.version, plan
     b.sflags = None if in_place else sendbuf.flags.num
     b.rflags, b.dtype, b.size = recvbuf.flags.num, recvbuf.dtype, recvbuf.size
     b.entry = None  # the plan's compiled entry for these arrays' types (Plan.entered)
     try:
         _BOUND[id(sendbuf), id(recvbuf), algorithm] = b
     except TypeError:  # an unhashable algorithm: the full path says what is wrong
-        pass
+        return
+    global _last
+    _last = b  # it replaces any stale one of the same arrays, which find_bound tries first
 
 
 def find_bound(sendbuf, recvbuf, op, comm, algorithm, timeout) -> Optional[_Bound]:
     """The bound call (:func:`bind`) this call repeats, else None.
 
     What is compared: the arguments by identity, the calling thread's pairing code,
-    the settings epoch, the plan table's generation, the context (a freed communicator
-    has none), the auto state that made the plan, and of the arrays their flags
-    (writable, contiguous, aligned), dtype and size.  Everything else the
+    the settings epoch, the plan table's generation, the context's version (a freed
+    communicator's context, or a new auto state, moves it), and of the arrays their
+    flags (writable, contiguous, aligned), dtype and size.  Everything else the
     :func:`lookup` that found the call checked cannot change on the same two objects.
     """
-    try:
-        b = _BOUND.get((id(sendbuf), id(recvbuf), algorithm))
-    except TypeError:
-        return None
-    if (b is None or b.recv() is not recvbuf or b.op is not op or b.comm is not comm
-            or b.algorithm is not algorithm or b.timeout is not timeout
+    global _last
+    b = _last
+    code = _threads.code()
+    if (b is None or b.recv() is not recvbuf or b.sender() is not sendbuf
+            or b.algorithm is not algorithm or b.thread != code):
+        try:
+            b = _BOUND.get((id(sendbuf), id(recvbuf), algorithm))
+        except TypeError:
+            return None
+        if (b is None or b.recv() is not recvbuf or b.sender() is not sendbuf
+                or b.algorithm is not algorithm or b.thread != code):
+            return None
+        _last = b
+    if (b.op is not op or b.comm is not comm or b.timeout is not timeout
             or b.generation != _generation or b.epoch != _settings.epoch
+            or b.version != b.ctx.version
             or recvbuf.flags.num != b.rflags or recvbuf.dtype is not b.dtype
-            or recvbuf.size != b.size or b.thread != _threads.code()):
+            or recvbuf.size != b.size):
         return None
-    send = b.send
-    if send is not None and (send() is not sendbuf or sendbuf.flags.num != b.sflags
-                             or sendbuf.dtype is not b.dtype or sendbuf.size != b.size):
-        return None
-    ctx = b.ctx
-    if find_context(b.world) is not ctx or (
-            b.auto is not None and ctx.peek(_auto.KEY) is not b.auto):
+    if b.send is not None and (sendbuf.flags.num != b.sflags or sendbuf.dtype is not b.dtype
+                               or sendbuf.size != b.size):
         return None
     return b
 

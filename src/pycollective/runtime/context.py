@@ -86,7 +86,8 @@ class Context:
     """Private communicator, rank, size, scratch space and cached state of one user comm."""
 
     __slots__ = ("comm", "rank", "size", "label", "lock", "words", "broken", "pending_notices",
-                 "early_notices", "hosts", "token", "_scratch", "_cache", "__weakref__")
+                 "early_notices", "hosts", "token", "version", "_scratch", "_cache",
+                 "__weakref__")
 
     def __init__(self, comm, label=None):
         self.comm = comm
@@ -111,6 +112,10 @@ class Context:
         # Values may have a ``free()`` method, called when the context dies
         # (in reverse order of creation: later state may use earlier state).
         self._cache: Dict[Key, object] = {}
+        # Counts what :meth:`put` replaced and :meth:`free`: whoever keeps a shortcut to
+        # state found here (``collectives.plans``' bound calls) compares one number
+        # instead of finding the context and its state again.
+        self.version = 0
 
     def next_call(self) -> int:
         """Number a new collective on this communicator (from 1) and return its number.
@@ -160,6 +165,7 @@ class Context:
     def put(self, key: "Key[T]", value: T) -> T:
         """Store (or replace) the state under ``key``; returns it."""
         self._cache[key] = value
+        self.version += 1
         return value
 
     def free(self):
@@ -171,6 +177,7 @@ class Context:
         global _RECENT
         if _RECENT[1] is self:
             _RECENT = (None, None)
+        self.version += 1
         self._scratch.clear()
         cache, self._cache = self._cache, {}
         if self.broken is None:

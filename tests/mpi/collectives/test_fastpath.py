@@ -354,3 +354,32 @@ def test_repeated_call_follows_the_slots_when_they_grow(dtype, count):
         assert not wrong, wrong
     finally:
         comm.Free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_state_put_in_the_context_sends_bound_calls_the_full_way():
+    """A bound call keeps the context's version (``Context.put`` and ``free`` move it): a
+    new auto state (``bench`` puts the caller's back after its own), even the same one put
+    again, sends the call the full way, which binds it again to what it finds now."""
+    from pycollective.collectives import auto as _auto
+    comm = MPI.COMM_WORLD.Dup()
+    n, r = comm.Get_size(), comm.Get_rank()
+    count = 100
+    x = exact_values(r, count, "float32", "sum")
+    expected = exact_reduce([exact_values(q, count, "float32", "sum") for q in range(n)],
+                            "sum", "float32")
+    out = np.empty_like(x)
+    try:
+        for _ in range(3):
+            pycollective.allreduce(x, out, "sum", comm=comm, algorithm="shm")
+        assert _fastpath.find_bound(x, out, "sum", comm, "shm", DEFAULT) is not None
+        ctx = _context.find_context(comm)
+        ctx.put(_auto.KEY, ctx.peek(_auto.KEY))
+        assert _fastpath.find_bound(x, out, "sum", comm, "shm", DEFAULT) is None
+        for _ in range(3):
+            out[...] = -1
+            pycollective.allreduce(x, out, "sum", comm=comm, algorithm="shm")
+            assert np.array_equal(out, expected)
+        assert _fastpath.find_bound(x, out, "sum", comm, "shm", DEFAULT) is not None
+    finally:
+        comm.Free()
