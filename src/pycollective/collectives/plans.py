@@ -185,23 +185,25 @@ def bind(sendbuf, recvbuf, op, comm, algorithm, timeout, found) -> None:
 def find_bound(sendbuf, recvbuf, op, comm, algorithm, timeout) -> Optional[_Bound]:
     """The bound call (:func:`bind`) this call repeats, else None.
 
-    What is compared: the arguments by identity, the calling thread's pairing code,
-    the settings epoch, the plan table's generation, the context's version (a freed
-    communicator's context, or a new auto state, moves it), and of the arrays their
-    flags (writable, contiguous, aligned), dtype and size.  Everything else the
+    What is compared: the arguments by identity (the algorithm's name by value), the
+    calling thread's pairing code, the settings epoch, the plan table's generation, the
+    context's version (a freed communicator's context, or a new auto state, moves it),
+    and of the arrays their flags (writable, contiguous, aligned), dtype and size.  Everything else the
     :func:`lookup` that found the call checked cannot change on the same two objects.
     """
     global _last
     b = _last
     code = _threads.code()
+    # the algorithm by value: two equal names need not be one object (a list of names
+    # read from the command line that holds "auto" twice bound each call anew)
     if (b is None or b.recv() is not recvbuf or b.sender() is not sendbuf
-            or b.algorithm is not algorithm or b.thread != code):
+            or b.algorithm != algorithm or b.thread != code):
         try:
             b = _BOUND.get((id(sendbuf), id(recvbuf), algorithm))
         except TypeError:
             return None
         if (b is None or b.recv() is not recvbuf or b.sender() is not sendbuf
-                or b.algorithm is not algorithm or b.thread != code):
+                or b.algorithm != algorithm or b.thread != code):
             return None
         _last = b
     if (b.op is not op or b.comm is not comm or b.timeout is not timeout

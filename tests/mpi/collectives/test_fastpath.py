@@ -383,3 +383,30 @@ def test_state_put_in_the_context_sends_bound_calls_the_full_way():
         assert _fastpath.find_bound(x, out, "sum", comm, "shm", DEFAULT) is not None
     finally:
         comm.Free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_equal_algorithm_names_that_are_different_objects_repeat_one_bound_call():
+    """The bound call compares the algorithm's name by value: a loop taking turns between
+    two equal names that are different string objects (read from a command line) repeats
+    the one bound call instead of binding anew at every call."""
+    comm = MPI.COMM_WORLD.Dup()
+    n, r = comm.Get_size(), comm.Get_rank()
+    x = exact_values(r, 100, "float32", "sum")
+    expected = exact_reduce([exact_values(q, 100, "float32", "sum") for q in range(n)],
+                            "sum", "float32")
+    out = np.empty_like(x)
+    other = "".join(["s", "hm"])
+    assert other == "shm" and other is not "shm"  # noqa: F632 (the point: not one object)
+    try:
+        for _ in range(3):
+            pycollective.allreduce(x, out, "sum", comm=comm, algorithm="shm")
+        bound = _fastpath.find_bound(x, out, "sum", comm, "shm", DEFAULT)
+        assert bound is not None
+        for k in range(4):
+            out[...] = -1
+            pycollective.allreduce(x, out, "sum", comm=comm, algorithm=other if k % 2 else "shm")
+            assert np.array_equal(out, expected), k
+            assert _fastpath.find_bound(x, out, "sum", comm, other, DEFAULT) is bound, k
+    finally:
+        comm.Free()
