@@ -262,8 +262,21 @@ def scores(results):
     errs = [row["model_error"] for row in rows if row["model_error"] is not None]
     model = sum(abs(e) <= TARGETS["model"][0] for e in errs) / max(len(errs), 1)
     probes = [r["probe_s"] for r in results if r["probe_s"] is not None]
+    # the 0.5 s target is for ranks with cores of their own (16 of them); where ranks share
+    # cores the measurement waits for the scheduler, reported apart
+    own = [r["probe_s"] for r in results if r["probe_s"] is not None and _own_cores(r)]
     return {"points": len(rows), "steady": steady, "first": first, "model": model,
-            "probe_max_s": max(probes) if probes else None}
+            "probe_max_s": max(probes) if probes else None,
+            "probe_own_cores_max_s": max(own) if own else None}
+
+
+def _own_cores(result):
+    """Whether the launch's ranks had a core each (no more ranks than the machine's CPUs)."""
+    return result["nranks"] <= result["machine"]["cpu_count"]
+
+
+def _seconds(x):
+    return "-" if x is None else f"{x:.3f} s"
 
 
 def report(directory):
@@ -290,8 +303,10 @@ def report(directory):
     if total:
         lines += ["", f"All N: steady {total['steady']:.0%} (target >= 90 %), first 100 "
                   f"{total['first']:.0%} (target >= 80 %), model {total['model']:.0%} "
-                  f"(target >= 80 %), first-use measurement at most "
-                  f"{total['probe_max_s'] or 0:.3f} s (target < 0.5 s) over {total['points']} points."]
+                  f"(target >= 80 %) over {total['points']} points; first-use measurement "
+                  f"at most {_seconds(total['probe_own_cores_max_s'])} where ranks had a core "
+                  f"each (target < 0.5 s at 16 ranks), at most "
+                  f"{_seconds(total['probe_max_s'])} at any N."]
     lines += ["", table(results), ""]
     text = "\n".join(lines)
     with open(os.path.join(directory, "summary.md"), "w") as f:
