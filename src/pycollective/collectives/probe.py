@@ -16,8 +16,10 @@ ranks measure, at once and as they run inside an allreduce:
   loaded that kernel already; else float32's rate per byte) on 64 KiB (in
   cache) and 8 MiB (from memory) on every rank at once; the two-byte floats,
   which are compute bound, keep their built-in ratio to float32's γ.
-* the memory bandwidth (a copy of 8 MiB, every rank at once), the cost of a
-  sync (``Barrier``) and of the agreement step (a small ``Allreduce``).
+* the memory bandwidth (copies of 8 MiB blocks, every rank at once: in the
+  caches, and, where ranks have cores of their own, through a region out of
+  them, whose slowdown β follows above 8 MiB), the cost of a sync
+  (``Barrier``) and of the agreement step (a small ``Allreduce``).
 * on one node, the library's own calls, on a duplicate of the communicator:
   ``allreduce(algorithm="ring")`` of 8 bytes, whose time beyond the agreement
   is nearly all α terms: α as the algorithms pay it, with the Python around
@@ -49,6 +51,7 @@ file always wins over it.
 
 import hashlib
 import json
+import mmap
 import os
 import time
 import warnings
@@ -68,12 +71,19 @@ from .agree import agree_max
 __all__ = ["VERSION", "machine_facts", "cache_file", "measure", "machine_params",
            "SMALL", "MID", "LARGE", "KERNEL_IN", "KERNEL_OUT"]
 
-VERSION = 5  # 2: the library's own ring and shm calls timed; 3: shm's after its ways' trials,
+VERSION = 6  # 2: the library's own ring and shm calls timed; 3: shm's after its ways' trials,
              # the library's ring of MID bytes; 4: shm's ratios hold its agreement;
-             # 5: shm at 256 KiB and 4 MiB too
+             # 5: shm at 256 KiB and 4 MiB too; 6: the copy rate out of the caches
 SMALL, MID, LARGE = 8, 64 << 10, 4 << 20      # bytes of the ring messages
 KERNEL_IN, KERNEL_OUT = 64 << 10, 8 << 20     # bytes reduced: in a core's cache, from memory
 _REPS = 3                                     # repetitions; the minimum counts
+# The copy out of the caches: every rank of a node copies 8 MiB blocks within a region of
+# its own, the node's regions together about FAR_NODE_BYTES (more than a node's caches
+# hold; each rank's between FAR_MIN and FAR_MAX).  The probe's other large measurements
+# (4-9 MiB per rank) run partly in cache where a node has few ranks: on the 2-core VM at
+# N = 2 every algorithm's 1e7-float call came out 27-42 % above its price.
+FAR_NODE_BYTES, FAR_MIN, FAR_MAX = 256 << 20, 16 << 20, 64 << 20
+_FAR_PASSES = 2                               # passes over the region; the fastest counts
 # bytes per rank of the timed shm calls; the largest just above shm's SINGLE_COPY_BYTES
 # (8 MiB), so that it takes the way of every larger call where ranks outnumber cores.
 # 256 KiB and 4 MiB: between 64 KiB, 1 MiB (two slot regions up to it, one above) and
@@ -146,6 +156,58 @@ def _local_time(fn, reps):
     return best
 
 
+def far_bytes(ranks_on_node):
+    """Bytes of the region each of a node's ``ranks_on_node`` ranks copies within (see
+    FAR_NODE_BYTES)."""
+    return min(FAR_MAX, max(FAR_MIN, FAR_NODE_BYTES // max(1, ranks_on_node)))
+
+
+def _populated(nbytes):
+    """``(array, owner)``: ``nbytes`` of writable memory with its pages already mapped: one
+    ``MAP_POPULATE`` instead of a page fault per page (on the 2-core VM two ranks faulting
+    32 MiB each in took 36-47 ms, populating it 9-10 ms); ``np.ones`` where there is none."""
+    flags = getattr(mmap, "MAP_POPULATE", None)
+    if flags is not None:
+        try:
+            owner = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | flags)
+            return np.frombuffer(owner, np.uint8), owner
+        except (OSError, ValueError):
+            pass
+    return np.ones(nbytes, np.uint8), None
+
+
+def _copy_rates(node, far=True):
+    """``(near, far)``: seconds per byte of copies of 8 MiB blocks, every rank of ``node`` at
+    once, each pass after a Barrier, the fastest pass: ``near`` the first block to the
+    second again and again (in the caches after the first), ``far`` each block to the next
+    through a region of :func:`far_bytes` (out of them; 0.0 unless ``far``).  Both passes
+    make as many copies, so that where ranks share cores both wait for the scheduler
+    alike (a pass of one copy ran whole before its core's other rank started, and four
+    ranks per two cores gave ratios of 3.4 where two ranks had 1.8)."""
+    nbytes = far_bytes(node.Get_size()) if far else 2 * KERNEL_OUT
+    region, owner = _populated(nbytes)
+    block = KERNEL_OUT
+    pairs = nbytes // (2 * block)
+
+    def rate(spread, passes):
+        best = float("inf")
+        for _ in range(passes):
+            node.Barrier()
+            start = time.perf_counter()
+            for i in range(pairs):
+                at = 2 * i * block if spread else 0
+                np.copyto(region[at + block:at + 2 * block], region[at:at + block])
+            best = min(best, time.perf_counter() - start)
+        return best / (pairs * block)
+    try:
+        near = rate(False, _FAR_PASSES + 1)  # its first pass brings the two blocks in
+        return near, rate(True, _FAR_PASSES) if far else 0.0
+    finally:
+        del region
+        if owner is not None:
+            owner.close()
+
+
 def _kernel_rate(comm, dtype, nbytes):
     kernel = get_kernel("sum", dtype)
     n = nbytes // np.dtype(dtype).itemsize
@@ -172,7 +234,7 @@ allreduce = None
 
 _SHM_FIELDS = tuple(f"shm_{n}" for n in SHM_SIZES)
 _FIELDS = ("t_small", "t_mid", "t_large", "g32_in", "g32_out", "g64_in", "g64_out", "copy",
-           "barrier", "agree", "inter_small", "inter_large", "ring_8", "ring_mid",
+           "copy_far", "barrier", "agree", "inter_small", "inter_large", "ring_8", "ring_mid",
            "ring_large") + (
                _SHM_FIELDS + ("agree_library",))
 
@@ -256,9 +318,8 @@ def _local_measurements(comm, node, leaders, layout, shm):
         m["g64_out"] = _kernel_rate(node, np.float64, KERNEL_OUT)
     else:
         m["g64_in"], m["g64_out"] = m["g32_in"], m["g32_out"]
-    src, dst = np.ones(KERNEL_OUT, np.uint8), np.empty(KERNEL_OUT, np.uint8)
-    node.Barrier()
-    m["copy"] = _local_time(lambda: np.copyto(dst, src), _REPS) / KERNEL_OUT
+    # out of the caches only where ranks have cores of their own (see _fit)
+    m["copy"], m["copy_far"] = _copy_rates(node, far=layout.ranks_per_core <= 1)
     m["barrier"] = _comm_time(node, node.Barrier, 8)
     words = np.zeros(8, np.int64)
     m["agree"] = _comm_time(comm, lambda: comm.Allreduce(MPI.IN_PLACE, words, op=MPI.MAX), 8)
@@ -302,10 +363,24 @@ def _fit(m, nranks, layout):
         if per_beta > 0 and rest > 0:
             beta = max(beta, rest / per_beta)
     g32_in, g32_out = m["g32_in"], m["g32_out"]
+    beta_curve = [[float(MID), beta_mid], [float(LARGE), beta]]
+    if m["copy_far"] > 0 and m["copy"] > 0:
+        # β out of the caches: the large ring's β up to the near copy's 8 MiB blocks, then
+        # rising (log-linear) to its product with how much slower the far copy ran, at
+        # messages as large as the far copy's region.  Only β: γ is the reduction's rate
+        # on operands that moving them (β) brought in, and α is not memory's.  On the
+        # 2-core VM at N = 2 this priced the 1e7-float calls of ring, rabenseifner,
+        # butterfly and shm within 20 % (18-42 % below without it; docs/results/auto-score.md).
+        # Measured only where ranks have cores of their own: at 2 and 4 ranks per core the
+        # 1e7 shm calls took the 9 MiB calls' time per byte (waiting for the scheduler
+        # hides waiting for memory), and the far copy's ratio priced them at twice that.
+        at = max(far_bytes(max(layout.nodes)), 2 * KERNEL_OUT)
+        beta_curve += [[float(KERNEL_OUT), beta],
+                       [float(at), beta * min(4.0, max(1.0, m["copy_far"] / m["copy"]))]]
     entry = {
         "nranks": nranks, "alpha": alpha, "beta": beta, "gamma": g32_out,
         "overhead": overhead,
-        "beta_curve": [[float(MID), beta_mid], [float(LARGE), beta]],
+        "beta_curve": beta_curve,
         "gamma_curves": {
             "float32": [[float(KERNEL_IN), g32_in], [float(KERNEL_OUT), g32_out]],
             "float64": [[float(KERNEL_IN), m["g64_in"]], [float(KERNEL_OUT), m["g64_out"]]],
@@ -331,7 +406,8 @@ def _fit(m, nranks, layout):
 def _shm_ratio(m, nranks, entry):
     """shm's measured time (``m["shm_<bytes>"]``) over its α-β-γ cost with the message α and
     β, per size; where it was not timed (0), its price from the sync and copy measurements
-    (syncs at ``Barrier`` cost, data at copy speed)."""
+    (syncs at ``Barrier`` cost, data at copy speed).  Above its largest timed size the
+    model keeps that size's ratio, and the β curve carries the calls out of the caches."""
     cost = _registry.get("shm").cost
     curve = []
     for nbytes in SHM_SIZES:

@@ -129,6 +129,19 @@ def test_the_probe_entry_is_a_valid_calibration(monkeypatch, tmp_path_factory):
     assert all(entry["measured"][f"shm_{n}"] > 0 for n in _probe.SHM_SIZES), entry["measured"]
     assert all(curve == shm[0] for curve in shm)
     assert [n for n, _ in shm[0]] == [float(n) for n in _probe.SHM_SIZES]
+    # where ranks have cores of their own, β holds from the large ring's message to the
+    # near copy's blocks, then rises to where calls run out of the caches (the far copy's
+    # region per rank): never below it; where they share cores it ends at the large ring's
+    measured = entry["measured"]
+    assert measured["copy"] > 0
+    assert (measured["copy_far"] > 0) == (layout.ranks_per_core <= 1)
+    if layout.ranks_per_core <= 1:
+        far_at = float(max(_probe.far_bytes(max(layout.nodes)), 2 * _probe.KERNEL_OUT))
+        (large, b0), (near, b1), (far, b2) = entry["beta_curve"][-3:]
+        assert (large, near, far) == (_probe.LARGE, _probe.KERNEL_OUT, far_at)
+        assert b0 == b1 == entry["beta"] <= b2 <= 4 * b1
+    else:
+        assert entry["beta_curve"][-1] == [float(_probe.LARGE), entry["beta"]]
     params = model.params_for(_probe.load_params_from({"by_nranks": {str(entry["nranks"]): entry},
                                                       **{k: entry[k] for k in ("alpha", "beta",
                                                                                "gamma")}}),
