@@ -64,7 +64,8 @@ from ..runtime.root import bcast_from_root
 from ..node.group import DOUBLE_LIMIT, node_comm
 from ..data import kernels as _kernels
 from ..data.kernels import get_kernel
-from ..model.params import BUILTIN, DEFAULTS, ANY_DTYPE, load_params, value_at, write_json
+from ..model.choice import measured_ratio, rates
+from ..model.params import BUILTIN, DEFAULTS, ANY_DTYPE, load_params, params_for, write_json
 from ..runtime.context import get_context
 from .agree import agree_max
 
@@ -399,28 +400,29 @@ def _fit(m, nranks, layout):
         entry["inter"] = {"alpha": m["inter_small"],
                           "beta": max((m["inter_large"] - m["inter_small"]) / LARGE, 1e-13)}
     if "shm" in _registry.names() and not layout.spans_nodes:
-        entry["corrections"] = {"shm": _shm_ratio(m, nranks, entry)}
+        entry["corrections"] = {"shm": _shm_ratio(m, nranks, entry, layout)}
     return entry
 
 
-def _shm_ratio(m, nranks, entry):
-    """shm's measured time (``m["shm_<bytes>"]``) over its α-β-γ cost with the message α and
-    β, per size; where it was not timed (0), its price from the sync and copy measurements
-    (syncs at ``Barrier`` cost, data at copy speed).  Above its largest timed size the
-    model keeps that size's ratio, and the β curve carries the calls out of the caches."""
-    cost = _registry.get("shm").cost
+def _shm_ratio(m, nranks, entry, layout):
+    """shm's measured time (``m["shm_<bytes>"]``) over its α-β-γ cost, per size, as the model
+    will price a call of that size with ``entry``'s parameters (``model.choice.measured_ratio``:
+    its curves, interpolated, so that the prediction at each timed size is the time measured
+    there; shm pays no separate agreement, its times hold it).  Where it was not timed (0),
+    its price from the sync and copy measurements (syncs at ``Barrier`` cost, data at copy
+    speed).  Above its largest timed size the model keeps that size's ratio, and the β
+    curve carries the calls out of the caches."""
+    flat = params_for(load_params_from({"by_nranks": {str(nranks): entry},
+                                        **{k: entry[k] for k in ("alpha", "beta", "gamma")}}),
+                      nranks, layout)
+    cost, f32 = _registry.get("shm").cost, np.dtype(np.float32)
     curve = []
     for nbytes in SHM_SIZES:
         count = nbytes // 4
-        # β and γ as the model will price a call of this size (its curves, interpolated),
-        # so that the prediction at each timed size is the time measured there
-        beta = value_at(entry["beta_curve"], nbytes, entry["beta"])
-        gamma = value_at(entry["gamma_curves"]["float32"], nbytes, m["g32_out"])
-        plain = cost(nranks, count, 4, entry["alpha"], beta, gamma)
-        here = m[f"shm_{nbytes}"] or cost(nranks, count, 4, m["barrier"], m["copy"], gamma)
-        # the call's prediction is ratio * plain: shm pays no separate agreement (it folds
-        # it into its first sync, model.choice.pays_overhead), its times hold it
-        curve.append([float(nbytes), here / plain])
+        seconds = m[f"shm_{nbytes}"] or cost(nranks, count, 4, m["barrier"], m["copy"],
+                                             rates(flat, count, f32)[1])
+        curve.append([float(nbytes), measured_ratio("shm", seconds, nranks, count, f32, flat,
+                                                    0.0)])
     return curve
 
 
