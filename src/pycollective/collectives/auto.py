@@ -45,7 +45,7 @@ from typing import Callable, Dict, Optional, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from ..runtime import env as _env, registry as _registry, watch as _watch
+from ..runtime import env as _env, machine as _machine, registry as _registry, watch as _watch
 from . import probe as _probe
 from .agree import agree_max, fact_values, needs_agreement, prepared, verdict
 from ..runtime.context import Context, Key
@@ -102,30 +102,6 @@ def _affinity_mask() -> np.ndarray:
     return mask
 
 
-def _core_cache_bytes() -> int:
-    """The private (level 2) cache of CPU 0 from sysfs; 0 when the system does not say."""
-    base = "/sys/devices/system/cpu/cpu0/cache"
-    try:
-        entries = os.listdir(base)
-    except OSError:
-        return 0
-    for entry in sorted(entries):
-        try:
-            with open(f"{base}/{entry}/level") as f:
-                level = int(f.read())
-            with open(f"{base}/{entry}/size") as f:
-                text = f.read().strip().upper()
-        except (OSError, ValueError):
-            continue
-        if level == 2 and text:
-            scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1], 1)
-            try:
-                return int(float(text.rstrip("KMG")) * scale)
-            except ValueError:
-                return 0
-    return 0
-
-
 def _find_layout(ctx: Context) -> Layout:
     comm = ctx.comm
     _watch.arrive(comm, "its first automatic choice")
@@ -137,7 +113,7 @@ def _find_layout(ctx: Context) -> Layout:
         leader = node.bcast(ctx.rank, root=0)  # the node's lowest rank (key = rank)
     finally:
         node.Free()
-    facts = comm.allgather((leader, cores, _core_cache_bytes() if ctx.rank == 0 else 0))
+    facts = comm.allgather((leader, cores, _machine.cache_bytes(2) if ctx.rank == 0 else 0))
     leaders = sorted({f[0] for f in facts})
     members = {lead: [r for r, f in enumerate(facts) if f[0] == lead] for lead in leaders}
     blocks = all(m[-1] - m[0] + 1 == len(m) for m in members.values())

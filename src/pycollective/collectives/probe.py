@@ -59,7 +59,7 @@ import warnings
 import numpy as np
 from mpi4py import MPI
 
-from ..runtime import env as _env, registry as _registry
+from ..runtime import env as _env, machine as _machine, registry as _registry
 from ..runtime.root import bcast_from_root
 from ..node.group import DOUBLE_LIMIT, node_comm
 from ..data import kernels as _kernels
@@ -79,8 +79,8 @@ SMALL, MID, LARGE = 8, 64 << 10, 4 << 20      # bytes of the ring messages
 KERNEL_IN, KERNEL_OUT = 64 << 10, 8 << 20     # bytes reduced: in a core's cache, from memory
 _REPS = 3                                     # repetitions; the minimum counts
 # The copy out of the caches: every rank of a node copies 8 MiB blocks within a region of
-# its own, the node's regions together about FAR_NODE_BYTES (more than a node's caches
-# hold; each rank's between FAR_MIN and FAR_MAX).  The probe's other large measurements
+# its own, the node's regions together FAR_NODE_BYTES or twice its shared cache, whichever
+# is more (each rank's between FAR_MIN and FAR_MAX).  The probe's other large measurements
 # (4-9 MiB per rank) run partly in cache where a node has few ranks: on the 2-core VM at
 # N = 2 every algorithm's 1e7-float call came out 27-42 % above its price.
 FAR_NODE_BYTES, FAR_MIN, FAR_MAX = 256 << 20, 16 << 20, 64 << 20
@@ -99,22 +99,10 @@ _LIBRARY_REPS_SMALL = 15                      # ... up to MID: short, and noisie
 _SMALL_STEPS = 8                              # exchanges per repetition of the small message
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-    return platform.processor() or platform.machine()
-
-
 def machine_facts(layout) -> dict:
     """What the saved measurement is kept for (the same on every rank of a node)."""
     library = " ".join(MPI.Get_library_version().replace("\0", "").split())[:200]
-    return {"cpu": _cpu_model(), "cpu_count": os.cpu_count(), "mpi": library,
+    return {"cpu": _machine.cpu_model(), "cpu_count": os.cpu_count(), "mpi": library,
             "mpi4py": __import__("mpi4py").__version__, "ranks_per_node": list(layout.nodes),
             "cores_per_node": list(layout.cores), "blocks": bool(layout.blocks),
             "probe": VERSION}
@@ -157,10 +145,14 @@ def _local_time(fn, reps):
     return best
 
 
-def far_bytes(ranks_on_node):
+def far_bytes(ranks_on_node, shared_cache=None):
     """Bytes of the region each of a node's ``ranks_on_node`` ranks copies within (see
-    FAR_NODE_BYTES)."""
-    return min(FAR_MAX, max(FAR_MIN, FAR_NODE_BYTES // max(1, ranks_on_node)))
+    FAR_NODE_BYTES), for a shared cache of ``shared_cache`` bytes (default: this machine's,
+    ``runtime.machine.cache_bytes(3)``)."""
+    if shared_cache is None:
+        shared_cache = _machine.cache_bytes(3)
+    node = max(FAR_NODE_BYTES, 2 * shared_cache)
+    return min(FAR_MAX, max(FAR_MIN, node // max(1, ranks_on_node)))
 
 
 def _populated(nbytes):
@@ -178,10 +170,11 @@ def _populated(nbytes):
 
 
 def _copy_rates(node, far=True):
-    """``(near, far)``: seconds per byte of copies of 8 MiB blocks, every rank of ``node`` at
+    """``(near, far, region)``: seconds per byte of copies of 8 MiB blocks, every rank of ``node`` at
     once, each pass after a Barrier, the fastest pass: ``near`` the first block to the
     second again and again (in the caches after the first), ``far`` each block to the next
-    through a region of :func:`far_bytes` (out of them; 0.0 unless ``far``).  Both passes
+    through a region of :func:`far_bytes` (out of them; 0.0 unless ``far``), and that region's
+    bytes (0 unless ``far``).  Both passes
     make as many copies, so that where ranks share cores both wait for the scheduler
     alike (a pass of one copy ran whole before its core's other rank started, and four
     ranks per two cores gave ratios of 3.4 where two ranks had 1.8)."""
@@ -202,7 +195,9 @@ def _copy_rates(node, far=True):
         return best / (pairs * block)
     try:
         near = rate(False, _FAR_PASSES + 1)  # its first pass brings the two blocks in
-        return near, rate(True, _FAR_PASSES) if far else 0.0
+        if not far:
+            return near, 0.0, 0
+        return near, rate(True, _FAR_PASSES), nbytes
     finally:
         del region
         if owner is not None:
@@ -235,7 +230,7 @@ allreduce = None
 
 _SHM_FIELDS = tuple(f"shm_{n}" for n in SHM_SIZES)
 _FIELDS = ("t_small", "t_mid", "t_large", "g32_in", "g32_out", "g64_in", "g64_out", "copy",
-           "copy_far", "barrier", "agree", "inter_small", "inter_large", "ring_8", "ring_mid",
+           "copy_far", "far_region", "barrier", "agree", "inter_small", "inter_large", "ring_8", "ring_mid",
            "ring_large") + (
                _SHM_FIELDS + ("agree_library",))
 
@@ -320,7 +315,8 @@ def _local_measurements(comm, node, leaders, layout, shm):
     else:
         m["g64_in"], m["g64_out"] = m["g32_in"], m["g32_out"]
     # out of the caches only where ranks have cores of their own (see _fit)
-    m["copy"], m["copy_far"] = _copy_rates(node, far=layout.ranks_per_core <= 1)
+    m["copy"], m["copy_far"], m["far_region"] = _copy_rates(node,
+                                                            far=layout.ranks_per_core <= 1)
     m["barrier"] = _comm_time(node, node.Barrier, 8)
     words = np.zeros(8, np.int64)
     m["agree"] = _comm_time(comm, lambda: comm.Allreduce(MPI.IN_PLACE, words, op=MPI.MAX), 8)
@@ -375,7 +371,7 @@ def _fit(m, nranks, layout):
         # Measured only where ranks have cores of their own: at 2 and 4 ranks per core the
         # 1e7 shm calls took the 9 MiB calls' time per byte (waiting for the scheduler
         # hides waiting for memory), and the far copy's ratio priced them at twice that.
-        at = max(far_bytes(max(layout.nodes)), 2 * KERNEL_OUT)
+        at = max(m["far_region"], 2 * KERNEL_OUT)  # agreed: nodes may report other caches
         beta_curve += [[float(KERNEL_OUT), beta],
                        [float(at), beta * min(4.0, max(1.0, m["copy_far"] / m["copy"]))]]
     entry = {

@@ -6,7 +6,8 @@ settings that must match across ranks; ``context`` a communicator's private
 the side channel, call fingerprints; ``registry`` the algorithms and their
 costs; ``root`` one rank loads, every rank gets the value or the error;
 ``threads`` which thread a call comes from (calls pair across ranks by it);
-``hosts`` where each rank runs, for messages that name a lost node.
+``hosts`` where each rank runs, for messages that name a lost node; ``machine`` the
+processor's name and caches, as the system reports them.
 
 May import: ``data``, ``timeline``, ``_errors``.
 """
