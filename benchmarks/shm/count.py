@@ -202,7 +202,7 @@ def _split(comm, send, out, calls):
         _mid.prepared_step = _timed(_mid.prepared_step, step_t)
     memo[key] = plan._replace(fast=counted_fast if fast is not None else None,
                               entered=counted_entered if entered is not None else None)
-    _plans._BOUND.clear()  # the next call binds the plan above
+    _plans.forget_bound()  # the next call binds the plan above
     try:
         step_t.append(0.0)
         pycollective.allreduce(send, out, "sum", comm=comm, algorithm="shm")  # re-prepares
@@ -219,7 +219,7 @@ def _split(comm, send, out, calls):
                 syncs[0] += group.words[STEP]  # the barrier steps this call took
     finally:
         memo[key] = plan
-        _plans._BOUND.clear()
+        _plans.forget_bound()
         for obj, name, value in restore:
             setattr(obj, name, value)
     whole, step_t = np.array(whole), np.array(step_t[-calls:])

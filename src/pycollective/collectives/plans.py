@@ -42,8 +42,8 @@ from ..runtime import threads as _threads
 from .. import timeline as _timeline
 from ..data.buffers import as_they_are
 
-__all__ = ["Plan", "PlanCache", "lookup", "remember", "run", "bind", "find_bound", "repeat",
-           "bound_call", "run_found"]
+__all__ = ["Plan", "PlanCache", "lookup", "remember", "run", "bind", "find_bound",
+           "forget_bound", "repeat", "bound_call", "run_found"]
 
 _MEMO = Key("fastpath")
 _LIMIT = 1024
@@ -180,6 +180,15 @@ def bind(sendbuf, recvbuf, op, comm, algorithm, timeout, found) -> None:
         return
     global _last
     _last = b  # it replaces any stale one of the same arrays, which find_bound tries first
+
+
+def forget_bound() -> None:
+    """Forget every bound call: the next call on any arrays goes the way of :func:`lookup`
+    and binds again (for code that replaces a kept plan, as a benchmark's counting one)."""
+    global _generation, _last
+    _generation += 1
+    _BOUND.clear()
+    _last = None
 
 
 def find_bound(sendbuf, recvbuf, op, comm, algorithm, timeout) -> Optional[_Bound]:

@@ -360,7 +360,8 @@ def test_repeated_call_follows_the_slots_when_they_grow(dtype, count):
 def test_state_put_in_the_context_sends_bound_calls_the_full_way():
     """A bound call keeps the context's version (``Context.put`` and ``free`` move it): a
     new auto state (``bench`` puts the caller's back after its own), even the same one put
-    again, sends the call the full way, which binds it again to what it finds now."""
+    again, sends the call the full way, which binds it again to what it finds now; and
+    ``forget_bound`` forgets them all."""
     from pycollective.collectives import auto as _auto
     comm = MPI.COMM_WORLD.Dup()
     n, r = comm.Get_size(), comm.Get_rank()
@@ -381,6 +382,8 @@ def test_state_put_in_the_context_sends_bound_calls_the_full_way():
             pycollective.allreduce(x, out, "sum", comm=comm, algorithm="shm")
             assert np.array_equal(out, expected)
         assert _fastpath.find_bound(x, out, "sum", comm, "shm", DEFAULT) is not None
+        _fastpath.forget_bound()  # the last bound call too, which find_bound tries first
+        assert _fastpath.find_bound(x, out, "sum", comm, "shm", DEFAULT) is None
     finally:
         comm.Free()
 
