@@ -126,15 +126,14 @@ FIELDS = ["round", "launch", "contender", "series", "nranks", "count", "time_s",
 # --- machine ------------------------------------------------------------------
 
 def cpu_model():
-    """The processor's model name as /proc/cpuinfo gives it ("" where it does not)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
+    """The processor's model name, as the library reads it (``runtime/machine.py``, loaded by
+    its path: that module needs only the standard library, the package's ``__init__`` more)."""
+    import importlib.util
+    path = ROOT / "src" / "pycollective" / "runtime" / "machine.py"
+    spec = importlib.util.spec_from_file_location("_pycollective_machine", path)
+    machine = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(machine)
+    return machine.cpu_model()
 
 
 def usable_cpus():

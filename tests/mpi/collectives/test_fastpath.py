@@ -13,6 +13,23 @@ from pycollective.model.tuning import MAX_TRIALS
 from _data import exact_reduce, exact_values
 
 
+def _float32_sum(comm, count):
+    """``(x, expected, out)``: this rank's exact float32 input of ``count``, the sum over
+    ``comm``'s ranks, and an output array."""
+    n, r = comm.Get_size(), comm.Get_rank()
+    x = exact_values(r, count, "float32", "sum")
+    expected = exact_reduce([exact_values(q, count, "float32", "sum") for q in range(n)],
+                            "sum", "float32")
+    return x, expected, np.empty_like(x)
+
+
+def _bound(comm, x, out):
+    """The bound call of ``allreduce(x, out, algorithm="shm")`` after three such calls."""
+    for _ in range(3):
+        pycollective.allreduce(x, out, "sum", comm=comm, algorithm="shm")
+    return _fastpath.find_bound(x, out, "sum", comm, "shm", DEFAULT)
+
+
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("algorithm", ["shm", "ring", "auto"])
 def test_repeated_call_fast_path_keeps_every_check(algorithm):
@@ -116,12 +133,8 @@ def test_algorithms_taking_turns_on_the_same_arrays_each_repeat_their_bound_call
     monkeypatch.setattr(_auto.AutoState, "resolve", lambda self, *a: _registry.get("shm"))
     monkeypatch.setattr(_fastpath, "_BOUND", {})  # without the earlier tests' entries
     comm = MPI.COMM_WORLD.Dup()
-    n, r = comm.Get_size(), comm.Get_rank()
     count = 1000
-    x = exact_values(r, count, "float32", "sum")
-    expected = exact_reduce([exact_values(q, count, "float32", "sum") for q in range(n)],
-                            "sum", "float32")
-    out = np.empty_like(x)
+    x, expected, out = _float32_sum(comm, count)
     try:
         for _ in range(50):  # until both calls are bound on every rank
             for algorithm in ("shm", "auto"):
@@ -151,10 +164,7 @@ def test_a_bound_call_sees_what_changes_on_the_same_arrays(count):
     the call back the full way, which checks and raises as before."""
     comm = MPI.COMM_WORLD.Dup()
     n, r = comm.Get_size(), comm.Get_rank()
-    x = exact_values(r, count, "float32", "sum")
-    expected = exact_reduce([exact_values(q, count, "float32", "sum") for q in range(n)],
-                            "sum", "float32")
-    out = np.empty_like(x)
+    x, expected, out = _float32_sum(comm, count)
 
     def call(send=x, recv=out):
         if recv.flags.writeable and send is not MPI.IN_PLACE:
@@ -267,14 +277,9 @@ def test_a_full_table_of_bound_calls_drops_those_of_dead_arrays_first(monkeypatc
     comm = MPI.COMM_WORLD.Dup()
     n, r = comm.Get_size(), comm.Get_rank()
     count = 100
-    x = exact_values(r, count, "float32", "sum")
-    expected = exact_reduce([exact_values(q, count, "float32", "sum") for q in range(n)],
-                            "sum", "float32")
-    out = np.empty_like(x)
+    x, expected, out = _float32_sum(comm, count)
     try:
-        for _ in range(3):
-            pycollective.allreduce(x, out, "sum", comm=comm, algorithm="shm")
-        assert _fastpath.find_bound(x, out, "sum", comm, "shm", DEFAULT) is not None
+        assert _bound(comm, x, out) is not None
         for k in range(4):
             # seven pairs alive at once, then dead: with x's, the table is full
             pairs = [(exact_values(r, count, "float32", "sum"), np.empty(count, np.float32))
@@ -364,16 +369,10 @@ def test_state_put_in_the_context_sends_bound_calls_the_full_way():
     ``forget_bound`` forgets them all."""
     from pycollective.collectives import auto as _auto
     comm = MPI.COMM_WORLD.Dup()
-    n, r = comm.Get_size(), comm.Get_rank()
     count = 100
-    x = exact_values(r, count, "float32", "sum")
-    expected = exact_reduce([exact_values(q, count, "float32", "sum") for q in range(n)],
-                            "sum", "float32")
-    out = np.empty_like(x)
+    x, expected, out = _float32_sum(comm, count)
     try:
-        for _ in range(3):
-            pycollective.allreduce(x, out, "sum", comm=comm, algorithm="shm")
-        assert _fastpath.find_bound(x, out, "sum", comm, "shm", DEFAULT) is not None
+        assert _bound(comm, x, out) is not None
         ctx = _context.find_context(comm)
         ctx.put(_auto.KEY, ctx.peek(_auto.KEY))
         assert _fastpath.find_bound(x, out, "sum", comm, "shm", DEFAULT) is None
@@ -394,17 +393,11 @@ def test_equal_algorithm_names_that_are_different_objects_repeat_one_bound_call(
     two equal names that are different string objects (read from a command line) repeats
     the one bound call instead of binding anew at every call."""
     comm = MPI.COMM_WORLD.Dup()
-    n, r = comm.Get_size(), comm.Get_rank()
-    x = exact_values(r, 100, "float32", "sum")
-    expected = exact_reduce([exact_values(q, 100, "float32", "sum") for q in range(n)],
-                            "sum", "float32")
-    out = np.empty_like(x)
-    other = "".join(["s", "hm"])
-    assert other == "shm" and other is not "shm"  # noqa: F632 (the point: not one object)
+    x, expected, out = _float32_sum(comm, 100)
+    named, other = "shm", "".join(["s", "hm"])
+    assert other == named and other is not named  # the point: not one object
     try:
-        for _ in range(3):
-            pycollective.allreduce(x, out, "sum", comm=comm, algorithm="shm")
-        bound = _fastpath.find_bound(x, out, "sum", comm, "shm", DEFAULT)
+        bound = _bound(comm, x, out)
         assert bound is not None
         for k in range(4):
             out[...] = -1
