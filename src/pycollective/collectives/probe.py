@@ -201,7 +201,10 @@ def _copy_rates(node, far=True):
     finally:
         del region
         if owner is not None:
-            owner.close()
+            try:
+                owner.close()
+            except BufferError:  # a view still alive (an exception's traceback): the GC unmaps it
+                pass
 
 
 def _kernel_rate(comm, dtype, nbytes):
