@@ -197,8 +197,9 @@ def find_bound(sendbuf, recvbuf, op, comm, algorithm, timeout) -> Optional[_Boun
     What is compared: the arguments by identity (the algorithm's name by value), the
     calling thread's pairing code, the settings epoch, the plan table's generation, the
     context's version (a freed communicator's context, or a new auto state, moves it),
-    and of the arrays their flags (writable, contiguous, aligned), dtype and size.  Everything else the
-    :func:`lookup` that found the call checked cannot change on the same two objects.
+    and of the arrays their flags (writable, contiguous, aligned), dtype and size.
+    Everything else the :func:`lookup` that found the call checked cannot change on the
+    same two objects.
     """
     global _last
     b = _last

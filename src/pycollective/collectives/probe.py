@@ -170,14 +170,14 @@ def _populated(nbytes):
 
 
 def _copy_rates(node, far=True):
-    """``(near, far, region)``: seconds per byte of copies of 8 MiB blocks, every rank of ``node`` at
-    once, each pass after a Barrier, the fastest pass: ``near`` the first block to the
-    second again and again (in the caches after the first), ``far`` each block to the next
-    through a region of :func:`far_bytes` (out of them; 0.0 unless ``far``), and that region's
-    bytes (0 unless ``far``).  Both passes
-    make as many copies, so that where ranks share cores both wait for the scheduler
-    alike (a pass of one copy ran whole before its core's other rank started, and four
-    ranks per two cores gave ratios of 3.4 where two ranks had 1.8)."""
+    """``(near, far, region)``: seconds per byte of copies of 8 MiB blocks, every rank of
+    ``node`` at once, each pass after a Barrier, the fastest pass: ``near`` the first block
+    to the second again and again (in the caches after the first), ``far`` each block to
+    the next through a region of :func:`far_bytes` (out of them), and that region's bytes
+    (0.0 and 0 unless ``far``).  Both passes make as many copies, so that where ranks share
+    cores both wait for the scheduler alike (a pass of one copy ran whole before its core's
+    other rank started, and four ranks per two cores gave ratios of 3.4 where two ranks
+    had 1.8)."""
     nbytes = far_bytes(node.Get_size()) if far else 2 * KERNEL_OUT
     region, owner = _populated(nbytes)
     block = KERNEL_OUT
@@ -233,9 +233,8 @@ allreduce = None
 
 _SHM_FIELDS = tuple(f"shm_{n}" for n in SHM_SIZES)
 _FIELDS = ("t_small", "t_mid", "t_large", "g32_in", "g32_out", "g64_in", "g64_out", "copy",
-           "copy_far", "far_region", "barrier", "agree", "inter_small", "inter_large", "ring_8", "ring_mid",
-           "ring_large") + (
-               _SHM_FIELDS + ("agree_library",))
+           "copy_far", "far_region", "barrier", "agree", "inter_small", "inter_large",
+           "ring_8", "ring_mid", "ring_large") + _SHM_FIELDS + ("agree_library",)
 
 
 def _library_times(comm, shm, crowded=False):
