@@ -119,10 +119,11 @@ def learned(flat, nranks, count, dtype, times):
     corrections) gets the ratio of that time to its α-β-γ cost at this size, replacing
     the points within :data:`LEARN_SPAN` of it (above :data:`LEARN_FROM` bytes per rank
     only).  So sizes auto has not timed yet are
-    priced from the nearest sizes it has, on the machine as it is now: a curve measured at
+    priced from the nearest sizes it has, on the machine as it is now: a ratio measured at
     first use is held beyond its largest size (9 MiB), where a call of 40 MB at N = 2
-    took 1.15-1.45x the time the 9 MiB rate gave (docs/results/auto-score.md).  Pure;
-    the same agreed times give every rank the same parameters."""
+    took 1.15-1.45x the time the 9 MiB rate gave before β followed the far copy out of
+    the caches (docs/results/auto-score.md).  Pure; the same agreed times give every rank
+    the same parameters."""
     dtype = np.dtype(dtype)
     if count * dtype.itemsize <= LEARN_FROM or nranks <= 1 or not times:
         return flat
