@@ -8,7 +8,7 @@ by its compiled step (``rsag.enter``, ``algorithms/shm/books.py``).  Per size th
 in batches that take turns, on the same two arrays:
 
 * ``public``: ``pycollective.allreduce(send, out, algorithm="shm")``;
-* ``entered``: the same call from its bound entry (``collectives.plans._fast_way`` with
+* ``entered``: the same call from its bound entry (``collectives.plans.fast_way`` with
   the bound call), without the public function's lookup around it;
 * ``booked in Python``: the same call numbered and booked in Python, then the compiled
   step (``RepeatedRsag.fast``: how every repeated call ran before the entry);
@@ -81,7 +81,7 @@ def main():
             pycollective.allreduce(send, out, algorithm="shm")
 
         def entered():
-            _plans._fast_way(ctx, plan, send, out, None, bound)
+            _plans.fast_way(ctx, plan, send, out, None, bound)
 
         def booked():
             with ctx.lock:

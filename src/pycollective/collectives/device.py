@@ -18,6 +18,32 @@ from ..device._backends import DeviceBuffer, wrap
 from ..data.buffers._classify import classify
 from ..data.buffers._device_error import DeviceMemoryError
 from ..device import _pipeline
+from ..data.buffers import device_reason, log_fallback
+from ..data.ops import MPI_OPS, resolve_op
+from .. import timeline as _timeline
+
+__all__ = ["allreduce", "staged", "mpi_op", "native", "native_allreduce"]
+
+
+# --- device memory to the MPI library's own call ------------------------------------------
+
+def mpi_op(op):
+    """The MPI op for a native fallback (names as pycollective reads them)."""
+    return op if isinstance(op, MPI.Op) else MPI_OPS[resolve_op(op)]
+
+
+def native(what, reason):
+    """Say that the public ``what`` hands device memory to the MPI library (log, timeline)."""
+    log_fallback(reason, f"pycollective.{what}")
+    if _timeline.ACTIVE is not None:  # timeline hook: device memory goes to MPI's own call
+        _timeline.ACTIVE.about(algorithm="native MPI (device memory)")
+
+
+def native_allreduce(sendbuf, recvbuf, op, comm):
+    """Device memory, to an MPI library that takes device pointers."""
+    native("allreduce", device_reason(sendbuf, recvbuf))
+    comm.Allreduce(sendbuf, recvbuf, mpi_op(op))
+    return recvbuf
 
 def _device_kind(obj):
     """The :class:`Kind` of a device buffer (not host-readable), else None."""

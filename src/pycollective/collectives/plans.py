@@ -43,7 +43,7 @@ from .. import timeline as _timeline
 from ..data.buffers import as_they_are
 
 __all__ = ["Plan", "PlanCache", "lookup", "remember", "run", "bind", "find_bound",
-           "forget_bound", "repeat", "bound_call", "run_found"]
+           "forget_bound", "repeat", "fast_way", "run_found"]
 
 _MEMO = Key("fastpath")
 _LIMIT = 1024
@@ -237,21 +237,8 @@ def repeat(sendbuf, recvbuf, op, comm, algorithm, timeout) -> bool:
     checking its arguments (the drop-in's ``Allreduce`` does)."""
     if _timeline.ACTIVE is not None:
         return False
-    return bound_call(sendbuf, recvbuf, op, comm, algorithm, timeout)
-
-
-def bound_call(sendbuf, recvbuf, op, comm, algorithm, timeout) -> bool:
-    """:func:`repeat` for a caller that has found no timeline recording (the public
-    ``allreduce``, whose own test of it is then the fast path's only one)."""
     b = find_bound(sendbuf, recvbuf, op, comm, algorithm, timeout)
-    if b is None:
-        return False
-    # flat views of shaped arrays, made per call: kept, they would keep the arrays alive
-    dst = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)
-    if b.send is None:
-        return _fast_way(b.ctx, b.plan, dst, dst, None, b)
-    return _fast_way(b.ctx, b.plan, sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1),
-                     dst, None, b)
+    return b is not None and fast_way(b.ctx, b.plan, sendbuf, recvbuf, None, b)
 
 
 def run_found(sendbuf, recvbuf, op, comm, algorithm, timeout) -> bool:
@@ -324,7 +311,7 @@ def run(ctx, plan, src, dst) -> None:
     if timeline is not None:  # timeline hook: what the call runs
         timeline.about(algorithm=plan.algo.name, number=ctx.calls + 1, comm=ctx,
                        count=plan.fingerprint[_watch.FP_COUNT], dtype=src.dtype, repeated=True)
-    if plan.fast is not None and _fast_way(ctx, plan, src, dst, timeline):
+    if plan.fast is not None and fast_way(ctx, plan, src, dst, timeline):
         return
     call = enter(ctx, "allreduce", plan.fingerprint, plan.settings, plan.words, plan.tag_offset)
     try:
@@ -333,10 +320,20 @@ def run(ctx, plan, src, dst) -> None:
         leave(call)
 
 
-def _fast_way(ctx, plan, src, dst, timeline, bound=None) -> bool:
+def fast_way(ctx, plan, src, dst, timeline, bound=None) -> bool:
     """The call on ``plan.entered`` or ``plan.fast`` if the communicator is free and not
     broken (True), else nothing done (False).  ``bound``: the bound call it repeats, where
-    ``plan.entered`` keeps what it resolved for those arrays."""
+    ``plan.entered`` keeps what it resolved for those arrays; ``src`` and ``dst`` are then
+    the caller's buffers as they came (``MPI.IN_PLACE`` or ``dst`` itself in place), else
+    flat already.
+
+    The public ``allreduce`` calls :func:`find_bound` and this itself: every Python frame
+    between it and the compiled step costs a repeated small call about a tenth of a
+    microsecond and more (docs/results/dedicated-cores.md)."""
+    if bound is not None:
+        # flat views of shaped arrays, made per call: kept, they would keep the arrays alive
+        dst = dst if dst.ndim == 1 else dst.reshape(-1)
+        src = dst if bound.send is None else src if src.ndim == 1 else src.reshape(-1)
     if ctx.broken is not None or not ctx.lock.acquire(False):
         return False
     try:

@@ -7,7 +7,8 @@ fast path after the first), timed in rounds of ``--calls`` back-to-back
 calls, the recorder off and on in alternate rounds (the slowest rank's time
 per call, median over rounds).  Off, all the call path adds is its test of
 ``timeline.ACTIVE`` (one on the fast path: ``allreduce`` tests it before the bound
-call, ``collectives.plans.bound_call``): ``off_check_us`` times exactly that, and ``spread_us`` is the noise they are compared with: the standard
+call, ``collectives.plans.find_bound`` and ``fast_way``): ``off_check_us`` times exactly
+that, and ``spread_us`` is the noise they are compared with: the standard
 deviation of the off rounds, or 1 % of the call if that is more.  ``on_us``
 over ``off_us`` is what recording costs.  Rank 0 prints one row per
 algorithm.
