@@ -56,6 +56,7 @@ _LIMIT = 1024
 _BOUND: dict = {}
 _BOUND_LIMIT = 256
 _generation = 0
+_code = _threads.code  # the calling thread's pairing code (one global name, not two lookups)
 
 
 class PlanCache(dict):
@@ -203,7 +204,7 @@ def find_bound(sendbuf, recvbuf, op, comm, algorithm, timeout) -> Optional[_Boun
     """
     global _last
     b = _last
-    code = _threads.code()
+    code = _code()
     # the algorithm by value: two equal names need not be one object (a list of names
     # read from the command line that holds "auto" twice bound each call anew)
     if (b is None or b.recv() is not recvbuf or b.sender() is not sendbuf

@@ -196,7 +196,10 @@ class RepeatedRsag(_steps._Repeated):
             rest = self.fast(number, plan, src, dst)
             return None if rest is None else (number, rest)
         stores = self.stores
-        kind, started = (0, 0.0) if stores is None else stores.next()
+        if stores is None:  # below CHOOSE_BYTES: plain stores, nothing timed
+            kind = started = 0
+        else:
+            kind, started = stores.next()
         if self.half:
             src, dst = src.view(np.uint16), dst.view(np.uint16)
         entry = None if bound is None else bound.entry
