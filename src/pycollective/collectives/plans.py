@@ -133,9 +133,9 @@ class _Bound:
     """A checked call on two array objects (see :func:`repeat`): the arguments it was
     made with, the arrays' state then, and the plan it found."""
 
-    __slots__ = ("send", "sender", "recv", "op", "comm", "algorithm", "timeout", "thread",
-                 "epoch", "generation", "ctx", "version", "plan", "sflags", "rflags", "dtype",
-                 "size", "entry")
+    __slots__ = ("sender", "recv", "op", "comm", "algorithm", "timeout", "thread", "epoch",
+                 "generation", "ctx", "version", "plan", "sflags", "rflags", "dtype", "size",
+                 "entry")
 
 
 def _in_place():
@@ -162,17 +162,15 @@ def bind(sendbuf, recvbuf, op, comm, algorithm, timeout, found) -> None:
         if len(_BOUND) >= _BOUND_LIMIT:
             _BOUND.clear()
     b = _Bound()
-    # None in place: the key's first id is then MPI.IN_PLACE's or recvbuf's own
-    b.send = None if in_place else weakref.ref(sendbuf)
     b.recv = weakref.ref(recvbuf)
     # the object passed as sendbuf, whichever it was: the array, recvbuf or MPI.IN_PLACE
-    b.sender = b.recv if sendbuf is recvbuf else _in_place if in_place else b.send
+    b.sender = b.recv if sendbuf is recvbuf else _in_place if in_place else weakref.ref(sendbuf)
     b.op, b.comm, b.algorithm, b.timeout = op, comm, algorithm, timeout
     b.thread, b.epoch, b.generation = _threads.code(), plan.epoch, _generation
     # lookup found plan.auto current; a later auto state, or the context freed (a freed
     # communicator), moves the context's version
     b.ctx, b.version, b.plan = ctx, ctx.version, plan
-    b.sflags = None if in_place else sendbuf.flags.num
+    b.sflags = None if in_place else sendbuf.flags.num  # None: in place
     b.rflags, b.dtype, b.size = recvbuf.flags.num, recvbuf.dtype, recvbuf.size
     b.entry = None  # the plan's compiled entry for these arrays' types (Plan.entered)
     try:
@@ -223,8 +221,8 @@ def find_bound(sendbuf, recvbuf, op, comm, algorithm, timeout) -> Optional[_Boun
             or recvbuf.flags.num != b.rflags or recvbuf.dtype is not b.dtype
             or recvbuf.size != b.size):
         return None
-    if b.send is not None and (sendbuf.flags.num != b.sflags or sendbuf.dtype is not b.dtype
-                               or sendbuf.size != b.size):
+    if b.sflags is not None and (sendbuf.flags.num != b.sflags or sendbuf.dtype is not b.dtype
+                                 or sendbuf.size != b.size):
         return None
     return b
 
@@ -334,7 +332,7 @@ def fast_way(ctx, plan, src, dst, timeline, bound=None) -> bool:
     if bound is not None:
         # flat views of shaped arrays, made per call: kept, they would keep the arrays alive
         dst = dst if dst.ndim == 1 else dst.reshape(-1)
-        src = dst if bound.send is None else src if src.ndim == 1 else src.reshape(-1)
+        src = dst if bound.sflags is None else src if src.ndim == 1 else src.reshape(-1)
     if ctx.broken is not None or not ctx.lock.acquire(False):
         return False
     try:

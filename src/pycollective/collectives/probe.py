@@ -83,7 +83,7 @@ _REPS = 3                                     # repetitions; the minimum counts
 # is more (each rank's between FAR_MIN and FAR_MAX).  The probe's other large measurements
 # (4-9 MiB per rank) run partly in cache where a node has few ranks: on the 2-core VM at
 # N = 2 every algorithm's 1e7-float call came out 27-42 % above its price.
-FAR_NODE_BYTES, FAR_MIN, FAR_MAX = 256 << 20, 16 << 20, 64 << 20
+FAR_NODE_BYTES, FAR_MIN, FAR_MAX = 256 << 20, 16 << 20, 64 << 20  # FAR_MIN > KERNEL_OUT
 _FAR_PASSES = 2                               # passes over the region; the fastest counts
 # bytes per rank of the timed shm calls; the largest just above shm's SINGLE_COPY_BYTES
 # (8 MiB), so that it takes the way of every larger call where ranks outnumber cores.
@@ -373,9 +373,9 @@ def _fit(m, nranks, layout):
         # Measured only where ranks have cores of their own: at 2 and 4 ranks per core the
         # 1e7 shm calls took the 9 MiB calls' time per byte (waiting for the scheduler
         # hides waiting for memory), and the far copy's ratio priced them at twice that.
-        at = max(m["far_region"], 2 * KERNEL_OUT)  # agreed: nodes may report other caches
-        beta_curve += [[float(KERNEL_OUT), beta],
-                       [float(at), beta * min(4.0, max(1.0, m["copy_far"] / m["copy"]))]]
+        # the region (agreed: nodes may report other caches) is at least FAR_MIN, past 8 MiB
+        beta_curve += [[float(KERNEL_OUT), beta], [float(m["far_region"]),
+                       beta * min(4.0, max(1.0, m["copy_far"] / m["copy"]))]]
     entry = {
         "nranks": nranks, "alpha": alpha, "beta": beta, "gamma": g32_out,
         "overhead": overhead,
