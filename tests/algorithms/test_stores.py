@@ -48,17 +48,30 @@ def _run(stores, times, calls):
     return kinds, timed
 
 
-def test_the_first_calls_try_both_kinds_then_plain_stays_where_it_is_faster():
+def _probe_kinds():
+    """The probe's kinds: turns of TURN calls, non-temporal first."""
+    return [(c // Stores.TURN + 1) & 1 for c in range(Stores.PROBE)]
+
+
+def _turns(every, last, start=Stores.PROBE + 1):
+    """The other kind's calls after the probe, one turn ending at each multiple of
+    ``every`` up to ``last``."""
+    return [c for c in range(start, last + 1)
+            if c % every == 0 or c % every > every - Stores.TURN]
+
+
+def test_the_first_calls_try_both_kinds_in_turns_then_plain_stays_where_it_is_faster():
     stores = Stores()
     kinds, timed = _run(stores, {0: 10e-6, 1: 25e-6}, 200)
-    assert kinds[:Stores.PROBE] == [1, 0] * (Stores.PROBE // 2)
-    assert timed[:Stores.PROBE] == list(range(1, Stores.PROBE + 1))
+    assert kinds[:Stores.PROBE] == _probe_kinds() == [1, 1, 1, 0, 0, 0, 1, 1, 1, 0, 0, 0]
+    # a turn's last call is timed: the first after a change meet the other kind's caches
+    assert timed[:4] == [3, 6, 9, 12]
     assert stores.using == 0
-    # after the probe one call in 8 is timed, and one in RARELY tries the other kind,
-    # clearly slower here (2.5x)
-    assert timed[Stores.PROBE:] == list(range(16, 201, 8))
+    # after the probe one call in 8 is timed, and one turn in RARELY tries the other
+    # kind, clearly slower here (2.5x), its last call timed
+    assert timed[4:] == list(range(16, 201, 8))
     assert [i + 1 for i, k in enumerate(kinds) if k and i >= Stores.PROBE] == \
-        list(range(Stores.RARELY, 201, Stores.RARELY))
+        _turns(Stores.RARELY, 200)
 
 
 def test_a_close_other_kind_is_tried_more_often():
@@ -66,7 +79,7 @@ def test_a_close_other_kind_is_tried_more_often():
     kinds, _ = _run(stores, {0: 10e-6, 1: 11e-6}, 200)
     assert stores.using == 0
     assert [i + 1 for i, k in enumerate(kinds) if k and i >= Stores.PROBE] == \
-        list(range(Stores.SAMPLE, 201, Stores.SAMPLE))
+        _turns(Stores.SAMPLE, 200)
 
 
 def test_a_rank_moves_to_the_other_kind_when_it_becomes_faster_and_back():
@@ -112,13 +125,18 @@ def test_a_rank_whose_waits_sleep_keeps_the_fixed_kind():
 
 
 def test_timing_every_call_after_the_probe():
-    """``every=1`` (calls above 1 MiB, long beside a clock read): every call is timed,
-    the other kind still only one call in ``SAMPLE``, and a change is followed."""
+    """``every=1`` (calls above 1 MiB, long beside a clock read): every call is timed
+    but the first ones of a turn, the other kind still only one turn in ``SAMPLE``
+    calls, and a change is followed."""
     stores = Stores(every=1)
     kinds, timed = _run(stores, {0: 10e-6, 1: 11e-6}, 100)
-    assert timed == list(range(1, 101)) and stores.using == 0
-    assert [i + 1 for i, k in enumerate(kinds) if k and i >= Stores.PROBE] == \
-        list(range(Stores.SAMPLE, 101, Stores.SAMPLE))
+    other = _turns(Stores.SAMPLE, 100)
+    firsts = [c for c in range(Stores.PROBE + 1, 101) if 0 < c % Stores.SAMPLE < Stores.TURN]
+    assert timed == [3, 6, 9, 12] + [c for c in range(Stores.PROBE + 1, 101)
+                                     if c not in firsts and (c not in other
+                                                             or c % Stores.SAMPLE == 0)]
+    assert stores.using == 0
+    assert [i + 1 for i, k in enumerate(kinds) if k and i >= Stores.PROBE] == other
     _run(stores, {0: 50e-6, 1: 11e-6}, 2 * Stores.SAMPLE)
     assert stores.using == 1
 
@@ -139,16 +157,16 @@ def test_a_family_starts_new_shapes_with_the_kind_one_shape_found_clearly_faster
     slow_plain = {0: 40e-6, 1: 10e-6}  # the slow state: non-temporal clearly faster
     first = Stores(family="f")
     kinds, _ = _run(first, slow_plain, 40)
-    assert kinds[:Stores.PROBE] == [1, 0] * (Stores.PROBE // 2) and first.using == 1
+    assert kinds[:Stores.PROBE] == _probe_kinds() and first.using == 1
     second = Stores(family="f")
     kinds, timed = _run(second, slow_plain, 200)
     assert kinds[:Stores.PROBE] == [1] * Stores.PROBE, "a new shape of the family probed"
     assert 0 in kinds, "the other kind is never sampled"
-    assert second.using == 1 and timed and timed[0] == Stores.PROBE + 8
+    assert second.using == 1 and timed and timed[0] == 16  # the first 8th call
     # no family, another family, and a Stores that does not choose: as before
     for other in (Stores(), Stores(family="g")):
         kinds, _ = _run(other, slow_plain, Stores.PROBE)
-        assert kinds == [1, 0] * (Stores.PROBE // 2)
+        assert kinds == _probe_kinds()
     assert Stores(chooses=False, family="f").using == 0
     # the state turns: the family's shape that sees plain clearly faster switches, and
     # new shapes follow it
@@ -157,3 +175,33 @@ def test_a_family_starts_new_shapes_with_the_kind_one_shape_found_clearly_faster
     assert second.using == 0
     third = Stores(family="f")
     assert _run(third, fast_plain, Stores.PROBE)[0] == [0] * Stores.PROBE
+
+
+def test_the_node_s_first_rank_chooses_and_the_others_take_its_kind():
+    """One choice per node: the leading Stores publishes each call's kind in the node's
+    word (only when it changes) and is the only one timed; a following one returns that
+    word and times nothing, whatever its own calls would say."""
+    words = memoryview(np.zeros(16, np.int64))
+    leader = Stores(shared=(words, 5, True))
+    follower = Stores(shared=(words, 5, False))
+    writes = []
+    lead, follow, timed = [], [], 0
+    for _ in range(300):
+        before = words[5]
+        kind, started = leader.next()
+        writes.append(words[5] != before)
+        if started:
+            leader.took(kind, {0: 10e-6, 1: 30e-6}[kind])
+        f_kind, f_started = follower.next()
+        timed += bool(f_started)
+        lead.append(kind)
+        follow.append(f_kind)
+    assert follow == lead and timed == 0 and follower.calls == 0
+    assert words[5] == leader.using == 0
+    # a write only where the kind changed: the probe's turns and each sampled turn
+    changes = sum(lead[i] != lead[i - 1] for i in range(1, 300)) + (lead[0] != 0)
+    assert sum(writes) == changes <= 10, (sum(writes), changes)
+    assert all(w == 0 for i, w in enumerate(words) if i != 5), "another word written"
+    # a leader that does not choose (its waits sleep) keeps its kind and writes nothing
+    quiet = Stores(chooses=False, fixed=1, shared=(words, 6, True))
+    assert [quiet.next()[0] for _ in range(20)] == [1] * 20 and words[6] == 0

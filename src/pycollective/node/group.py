@@ -27,6 +27,7 @@ agreement step off).
 
 import array
 import pickle
+import zlib
 
 import numpy as np
 from mpi4py import MPI
@@ -57,6 +58,7 @@ _CMA_WORDS = 8               # per rank: pid, src/dst address, nbytes; src/dst i
 _OK_WORDS = 8                # per rank: "I mapped the new segment"
 _MAIL_WORDS = 64             # rank 0's mailbox (pickled, for segment exchange)
 _BOARD_WIDTH = 24            # int64 per agreement row (3 + 2 facts x 10, padded)
+_KIND_WORDS = 16             # the kinds of stores the node's first rank chose (stores_word)
 
 # NodeGroup.words: the call whose steps this rank is in, its last step, header sets
 # published so far (the next uses set PUBLISHED & 1), the last barrier target, and the
@@ -116,7 +118,7 @@ class NodeGroup:
         n = self.size
         parts = [("flags", n * _FLAG_WORDS), ("headers", 2 * n * FP_WORDS),
                  ("cma", n * _CMA_WORDS), ("ok", n * _OK_WORDS), ("mailbox", _MAIL_WORDS),
-                 ("boards", 2 * n * _BOARD_WIDTH)]
+                 ("boards", 2 * n * _BOARD_WIDTH), ("kinds", _KIND_WORDS)]
         _watch.arrive(comm, "a shared-memory setup")
         self.control = Segment.share(
             8 * sum(size for _, size in parts), self.rank, lambda v: comm.bcast(v, root=0),
@@ -132,6 +134,7 @@ class NodeGroup:
         self.ok = view["ok"].reshape(n, _OK_WORDS)
         self.mailbox = view["mailbox"]
         self.boards = view["boards"].reshape(2, n, _BOARD_WIDTH)
+        self.kinds = memoryview(view["kinds"])  # its items read as Python ints
         sleep, wakes = wait_modes(comm)
         self.barrier = FlagBarrier(view["flags"], self.rank, n, progress, sleep, wakes)
         # The step bookkeeping (see :data:`STEP_WORDS`): words of an array, so that a
@@ -227,6 +230,14 @@ class NodeGroup:
         w = self.words
         w[NUMBER], w[STEP], w[UNCHECKED] = number, step, -1
         w[LAST] = (number << 24) + step
+
+    def stores_word(self, family, nbytes):
+        """Where the node's first rank publishes the kind of stores its calls of ``nbytes``
+        in ``family`` take (``algorithms.shm.stores.Stores``): ``(words, index, leads)``,
+        ``leads`` True on that rank.  The same word on every rank; shapes whose names
+        collide share one (the choice is then a neighbour's, never a wrong result)."""
+        index = zlib.crc32(f"{family}:{nbytes}".encode()) % _KIND_WORDS
+        return self.kinds, index, self.rank == 0
 
     def header_set(self):
         """The header set this rank published last (its current call's)."""

@@ -197,6 +197,52 @@ def test_non_temporal_stores_exact_in_place_and_out(on, monkeypatch, kinds):
         _free(comm)
 
 
+@pytest.mark.mpi(min_size=2)
+def test_the_node_takes_the_kind_of_stores_its_first_rank_chose(on, monkeypatch):
+    """Only the node's first rank times calls and chooses the kind of stores; the others
+    take each call's kind from the word it publishes, one call late at most: wherever rank
+    0's kind did not change from one call to the next, every rank's is the same (two ranks
+    choosing apart settled in a mixed state once, 1.3x slower, docs/results/stores.md).
+    Choosing is switched on here at every rank count (it is off where waits sleep)."""
+    monkeypatch.setattr(_rsag_steps, "Stores",
+                        lambda chooses, **kw: _stores.Stores(chooses=True, **kw))
+    comm = _fresh()
+    n, r = comm.Get_size(), comm.Get_rank()
+    calls = []  # (kind, timed) of every call of the shape on this rank
+    original = _stores.Stores.next
+
+    def recorded(stores):
+        kind, started = original(stores)
+        calls.append((kind, bool(started)))
+        return kind, started
+    monkeypatch.setattr(_stores.Stores, "next", recorded)
+    count = 10007  # 40 KB of float32: above CHOOSE_BYTES, below 1 MiB
+    send = exact_values(r, count, "float32", "sum")
+    expected = exact_reduce([exact_values(q, count, "float32", "sum") for q in range(n)],
+                            "sum", "float32")
+    out = np.empty_like(send)
+    wrong = 0
+    try:
+        for _ in range(150):
+            pycollective.allreduce(send, out, "sum", comm=comm, algorithm="shm")
+            wrong += not bitwise_equal(out, expected)
+        monkeypatch.setattr(_stores.Stores, "next", original)
+        everyone = comm.allgather(calls)
+        wrong = comm.allreduce(wrong)
+    finally:
+        _free(comm)
+    assert wrong == 0, f"{wrong} wrong results"
+    lead = [k for k, _ in everyone[0]]
+    assert len(lead) >= 140 and set(lead) == {0, 1}, "the first rank did not try both kinds"
+    assert any(t for _, t in everyone[0]), "the first rank timed nothing"
+    for q in range(1, n):
+        assert len(everyone[q]) == len(lead), (q, len(everyone[q]), len(lead))
+        assert not any(t for _, t in everyone[q]), f"rank {q} timed calls"
+        apart = [i for i in range(1, len(lead))
+                 if lead[i] == lead[i - 1] and everyone[q][i][0] != lead[i]]
+        assert not apart, f"rank {q} took another kind than rank 0 at calls {apart[:10]}"
+
+
 def _awkward(rank, count, dtype, op, seed):
     x = random_values(rank, count, dtype, op, seed)
     rng = np.random.default_rng([seed, rank, count, 7])

@@ -294,9 +294,10 @@ class _ShmState:
         if stores is None:
             if len(self.stores) >= _SIZES_KEPT:  # a sweep over sizes: start afresh
                 self.stores.clear()
-            sleeps = self.node.group.barrier.sleep
+            group = self.node.group
             stores = self.stores[nbytes] = _stores.Stores(
-                chooses=not sleeps, fixed=int(nbytes >= STREAM_BYTES), every=1)
+                chooses=not group.barrier.sleep, fixed=int(nbytes >= STREAM_BYTES), every=1,
+                shared=group.stores_word("slots", nbytes))
         return stores
 
     def way_for(self, nbytes):

@@ -136,7 +136,8 @@ class RepeatedRsag(_steps._Repeated):
         # the words enter() books a call in (each kept alive by its owner, and here)
         books = _books.fill(c, _rsag.BOOKS, self.ctx, group, self.board, node)
         self.base = c
-        self.stores = Stores(chooses=not group.barrier.sleep, family="rsag") \
+        self.stores = Stores(chooses=not group.barrier.sleep, family="rsag",
+                             shared=group.stores_word("rsag", self.nbytes)) \
             if self.nbytes >= CHOOSE_BYTES else None
         # what the addresses point into, kept alive with this object
         return (segment, bounds, flags, boards, headers) + books

@@ -477,7 +477,9 @@ class RepeatedMid(_Repeated):
         if not _mid_agreed_runs(state, call, dst, self.board):
             return ()
         node = state.node
-        self.stores = Stores(chooses=not node.group.barrier.sleep)
+        group = node.group
+        self.stores = Stores(chooses=not group.barrier.sleep,
+                             shared=group.stores_word("sliced", self.nbytes))
         self.bounds = _slice_bounds(self.count, node.size)
         return tuple(_mid_slots(node, self.dtype, p * (node.capacity // 2)) for p in (0, 1))
 

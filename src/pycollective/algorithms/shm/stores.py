@@ -14,26 +14,34 @@ _SETTLED = {}
 
 
 class Stores:
-    """Which stores a rank's repeated sliced call copies its input in with, chosen
+    """Which stores a node's repeated sliced call copies its input in with, chosen
     while it runs: plain ones (0) or non-temporal ones (1, past this core's cache).
 
     A machine can be in a state where a core reading lines from another
     core's cache is several times slower than usual (docs/results/entry.md).
     Then stores that go to memory make the readers faster; otherwise they are
     slower (docs/results/stores.md).  No fixed choice fits both, and the
-    state changes from launch to launch, so each rank times some of its own
-    calls of one shape (the same calls on every rank, as every rank makes
-    the same calls): the first ``PROBE`` alternate the two kinds, then one
-    call in 8 (``mask``) is timed, and one in ``SAMPLE`` (``RARELY`` where
-    the other kind is clearly slower) takes the kind not in use.  Each
+    state changes from launch to launch, so the calls of one shape are timed
+    while they run.  The kinds go in *turns* of ``TURN`` calls, and only a
+    turn's last call is timed: the first calls after a change of kind find
+    the slots in the other kind's cache state, and a single call of the other
+    kind measured that change, not the kind (one rank of a launch chose
+    non-temporal stores from such calls, and its calls took 1.3x as long).
+    The first ``PROBE`` calls alternate turns of the two kinds; then one call
+    in ``every`` is timed, and one turn in ``SAMPLE`` calls (``RARELY``
+    where the other kind is clearly slower) takes the kind not in use.  Each
     kind's time is the median of its last three timed calls, and the kind
-    in use changes when the other's is below ``SWITCH`` of its own.  The
-    bytes in the slot are the same either way, so ranks that choose
-    differently still compute the same result
-    (docs/results/stores.md).
+    in use changes when the other's is below ``SWITCH`` of its own.
 
-    A call takes its kind from :meth:`next` and reports a timed one to
-    :meth:`took`.
+    **One choice per node.**  A call's time depends on every rank's kind (each
+    reads the others' slots), and ranks choosing apart can settle in a mixed
+    state that none leaves alone: each rank's tries of the other kind then
+    meet the others' kinds unchanged.  So only the node's first rank times
+    and chooses (``shared``: it *leads*); it publishes the kind of each call
+    in a word of the node's control segment, and the other ranks take the
+    kind from there (they see a change by their next call, hence the turns).
+    The bytes in the slot are the same either way, so ranks whose kinds
+    differ for a call still compute the same result.
 
     The state is the launch's, not the shape's: where one shape's calls have
     found one kind clearly faster, a new shape of the same ``family`` starts
@@ -46,26 +54,35 @@ class Stores:
     its repeated calls below keep one per shape: the older sliced step for its
     copy-in (``steps.py``), the reduce-scatter-allgather step from
     ``rsag_steps.CHOOSE_BYTES`` for its copy-in and its slice of the result.
+
+    A call takes its kind from :meth:`next` and reports a timed one to
+    :meth:`took`.
     """
 
-    PROBE, SAMPLE, SWITCH = 8, 32, 0.85
+    PROBE, SAMPLE, SWITCH, TURN = 12, 32, 0.85, 3
     # Where the kind not in use took 1.25x as long or more, it is tried 4x less
     # often: each try costs that much (docs/results/stores.md).
     CLEAR, RARELY = 1.25, 128
-    __slots__ = ("calls", "mask", "using", "recent", "median", "sample", "every", "family")
+    __slots__ = ("calls", "mask", "using", "recent", "median", "sample", "every", "family",
+                 "words", "index", "leads", "published")
 
-    def __init__(self, chooses=True, fixed=0, every=8, family=None):
+    def __init__(self, chooses=True, fixed=0, every=8, family=None, shared=None):
         """``chooses``: False where this rank's waits sleep (its node's ranks outnumber
-        their cores, or ``PYCOLLECTIVE_SHM_WAIT=sleep``): there a call's time is mostly
-        which rank the scheduler ran when, too noisy to choose from, and
-        the calls keep the ``fixed`` kind.  ``every``: once probed, one call in this
-        many is timed (a power of two; 1 where a call is long beside a clock read).
-        ``family``: a name shared by the Stores whose calls meet the same machine
-        state (None: this one learns alone)."""
+        their cores, or ``PYCOLLECTIVE_SHM_WAIT=sleep``; the same on every rank of the
+        node): there a call's time is mostly which rank the scheduler ran when, too
+        noisy to choose from, and the calls keep the ``fixed`` kind.  ``every``: once
+        probed, one call in this many is timed (a power of two; 1 where a call is long
+        beside a clock read).  ``family``: a name shared by the Stores whose calls meet
+        the same machine state (None: this one learns alone).  ``shared``: ``(words,
+        index, leads)`` from :meth:`~pycollective.node.group.NodeGroup.stores_word`, the
+        node's word for this shape and whether this rank chooses (None: it chooses
+        alone)."""
         self.calls, self.using, self.sample = 0, 0 if chooses else fixed, self.SAMPLE
         self.every, self.family = every, family
         self.mask = 0 if chooses else -1  # -1: no call is timed
         self.recent, self.median = ([], []), [0.0, 0.0]
+        self.words, self.index, self.leads = shared if chooses and shared else (None, 0, True)
+        self.published = -1
         known = _SETTLED.get(family) if chooses and family is not None else None
         if known is not None:  # settled from the start: no alternating probe
             self.calls, self.mask, self.using = self.PROBE, every - 1, known
@@ -73,17 +90,29 @@ class Stores:
     def next(self):
         """Count a call; (its kind, its start time if it is timed, else 0.0).  A timed
         call reports with :meth:`took`."""
+        if FORCE_STORES is not None:
+            return FORCE_STORES, 0.0
+        if not self.leads:  # the node's first rank chooses
+            self.using = self.words[self.index]
+            return self.using, 0.0
         self.calls += 1
-        if self.calls & self.mask or FORCE_STORES is not None:
-            return (self.using if FORCE_STORES is None else FORCE_STORES), 0.0
-        return self.kind(), time.perf_counter()
+        if self.mask < 0:
+            return self.using, 0.0
+        kind, timed = self.kind()
+        if self.words is not None and kind != self.published:
+            self.words[self.index] = self.published = kind
+        return kind, (time.perf_counter() if timed else 0.0)
 
     def kind(self):
-        """The kind for this (timed) call, the ``calls``-th."""
-        calls = self.calls
-        if calls <= self.PROBE:
-            return calls & 1
-        return self.using ^ (calls % self.sample == 0)
+        """The kind for the ``calls``-th call, and whether it is timed."""
+        calls, turn = self.calls, self.TURN
+        if calls <= self.PROBE:  # turns of each kind, non-temporal first
+            return ((calls - 1) // turn + 1) & 1, calls % turn == 0
+        at = calls % self.sample
+        if at == 0 or at > self.sample - turn:  # the turn of the other kind
+            return self.using ^ 1, at == 0
+        # every ``every``-th call, but not the first of a turn back
+        return self.using, not (calls & self.mask) and at >= turn
 
     def took(self, kind, seconds):
         """Record a timed call; switch kinds where the other is clearly faster.  The
@@ -93,9 +122,10 @@ class Stores:
         recent.append(seconds)
         if len(recent) > 3:
             del recent[0]
+        if len(recent) == 3:
             a, b, c = recent
             self.median[kind] = a + b + c - max(a, b, c) - min(a, b, c)
-        else:
+        else:  # one or two: the larger (a first call that compiled is one)
             self.median[kind] = max(recent)
         if self.calls < self.PROBE:
             return
