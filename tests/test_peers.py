@@ -127,7 +127,7 @@ def test_median_over_rounds_counts_only_right_results(tmp_path):
     assert summary[("gloo", 2, 10)]["time"] is None
     assert compare.best_of_ours(summary, 2, 10)[0] == "shm"  # native and auto are not ours
     text = compare.report(tmp_path).read_text()
-    assert "| 2 | 1e1 | 500 ms (shm) | 600 ms (shm) | **2 s** |" in text
+    assert "| 2 | 1e1 | 500 ms (shm) | 600 ms (shm) | - | **2 s** |" in text  # no alone launch
     assert "| ✗ | 0.25 | 1.20 |" in text  # Gloo never right; ours / fastest peer; auto / best
 
 
@@ -168,6 +168,28 @@ def test_targets_are_judged_by_size_class_with_the_memory_floor(tmp_path):
     found = {(c, what.split(" (")[0]): v
              for n, c, what, v in compare.verdicts(rows, compare.floors_of(tmp_path))}
     assert found[(big, "within 1.25x of the memory floor")].startswith("gap: 1.67")
+
+
+def test_the_peers_targets_judge_auto_in_a_launch_of_its_own(tmp_path):
+    """Each peer runs alone in its launches; so does ``pycollective-alone`` (auto only).
+    Where it ran, the peers' targets and the ratio column judge its time, not the best of
+    the launch whose cases take turns (each call after the others' calls); auto / best
+    stays within that launch."""
+    mid = 10 ** 5
+    _points(tmp_path, [
+        (1, "pycollective:shm", 2, mid, 60e-6, True), (1, "pycollective:auto", 2, mid, 62e-6, True),
+        (1, "pycollective-alone:auto", 2, mid, 45e-6, True), (1, "impi", 2, mid, 50e-6, True)])
+    rows, verdicts = _judged(tmp_path, 2, 4.0)
+    found = {(c, what.split(" (")[0]): v for n, c, what, v in verdicts}
+    assert found[(mid, "at least as fast as the fastest peer")] == "met: 0.90"
+    assert found[(mid, "auto within 10 % of our best")] == "met: 1.03"
+    text = compare.report(tmp_path).read_text()
+    assert "| 2 | 1e5 | 60 µs (shm) | 62 µs (shm) | 45 µs (shm) | - | - | **50 µs** | - | 0.90 | 1.03 |" \
+        in text, text
+    # the alone launch runs auto only
+    argv, _, _ = compare.command(compare.CONTENDERS["pycollective-alone"], 2, [mid],
+                                 compare.parse(["--venvs", str(tmp_path)]), tmp_path / "x.json")
+    assert argv[argv.index("--algorithms") + 1:] == ["auto"]
 
 
 def _gap_run(tmp_path):
@@ -425,13 +447,13 @@ def test_the_report_says_how_ranks_sit_on_the_cpus():
 
 def test_the_device_script_gives_the_comparison_arguments_it_accepts(tmp_path):
     """benchmarks/device/run.sh's comparison, as compare.py parses it: every size of every N,
-    one rank per core up to 16, and the three MPI libraries beside ours."""
+    one rank per core up to 16, and the three MPI libraries beside ours (auto alone too)."""
     script = Path(compare.ROOT) / "benchmarks" / "device" / "run.sh"
     env = dict(os.environ, PLAN_ONLY="1", OUT=str(tmp_path))
     argv = subprocess.run(["bash", str(script)], env=env, check=True, capture_output=True,
                           text=True).stdout.splitlines()
     args = compare.parse(argv)
     assert args.ns == [2, 4, 8, 16] and args.counts == [10 ** k for k in range(3, 8)]
-    assert args.contenders == ["pycollective", "mpich", "openmpi", "impi"]
+    assert args.contenders == ["pycollective", "pycollective-alone", "mpich", "openmpi", "impi"]
     assert args.shared == [] and not args.profiles and args.out.startswith(str(tmp_path))
     assert not (tmp_path / "res").exists()  # a plan only: nothing run, nothing written

@@ -50,7 +50,7 @@ SCORE_S=${SCORE_S:-150}
 SCORE_BUDGET=${SCORE_BUDGET:-10}  # seconds of measuring per N after start-up (score.py --budget)
 export WHEELS VENVS PYTHON3 PYTHONUNBUFFERED=1 I_MPI_FABRICS=shm
 res=${RES:-$OUT/res}  # everything measured; only the tarball and the log need to leave
-contenders="pycollective $PEER_LIBS"
+contenders="pycollective pycollective-alone $PEER_LIBS"
 # shellcheck disable=SC2086
 peers_args=(--venvs "$VENVS" --ns $NS --counts $COUNTS --rounds "$ROUNDS" --contenders $contenders
             --algorithms $ALGORITHMS --shared --iters 30 --budget 0.2 --wait 2 --idle 50
