@@ -27,7 +27,7 @@ from mpi4py import MPI
 import pycollective
 from pycollective.runtime import env as _env_settings
 from pycollective.runtime import watch as _watch
-from pycollective.node.atomics import set_budget
+from pycollective.node.atomics import STRIDE, set_budget
 from pycollective.runtime.context import get_context
 from pycollective._errors import CollectiveError, CollectiveTimeout, PeerFailed
 from pycollective.node.group import DOUBLE_LIMIT
@@ -324,7 +324,8 @@ def test_ranks_that_disagree_raise_everywhere_and_the_comm_stays_right(on, count
 @pytest.mark.parametrize("count", [300, 3001, 20011])
 def test_the_entry_numbers_and_books_each_call_as_python_would(on, monkeypatch, count):
     """A repeated call entered in compiled code (``rsag.enter``) numbers itself and books
-    its steps, board and region in the words Python's own bookkeeping uses: after each,
+    its steps, board and region in the words Python's own bookkeeping uses (two steps,
+    whether it waited once or twice): after each,
     the communicator's call count, the node group's step words and the board's and the
     region's sides are where ``Context.next_call``, ``NodeGroup.opening_steps`` and the
     flips leave them, and calls on other paths in between (another algorithm, a shape's
@@ -365,6 +366,10 @@ def test_the_entry_numbers_and_books_each_call_as_python_would(on, monkeypatch, 
             assert ctx.calls == number
             assert group.words[_group.NUMBER] == number and group.words[_group.STEP] == 2
             assert group.words[_group.LAST] == (number << 24) + 2
+            # two ranks fold the whole vector up to WHOLE_BYTES: one wait, the counter at
+            # the call's first target; else the second target after the fold
+            whole = n == 2 and send.nbytes <= _rsag_steps.WHOLE_BYTES
+            assert group.barrier.words[r * STRIDE] == (number << 24) + (1 if whole else 2)
             assert group.words[_group.PUBLISHED] == steps[_group.PUBLISHED] + 1
             assert group.words[_group.UNCHECKED] == -1
             assert board.words[0] == sides[0] ^ 1

@@ -31,6 +31,12 @@ into ``dst`` and streams each block into the slot.
 3. wait for the second target, then copy every other slice of the result
    from its owner's slot into ``dst``.
 
+Two ranks, calls up to ``rsag_steps.WHOLE_BYTES`` (the control word ``WHOLE``): each
+posts its whole input and, after the one wait, folds the whole vector into ``dst``
+(operands in rank order, the same bits) and is done: no second target, no copy-out.  At
+N = 2 that reads as many bytes of the other's memory (M) as the sliced way, with one wait
+fewer.  A rank whose wait fails then takes its arrival back (``rsag_steps._withdraw``).
+
 Each rank reads about 2·M·(N-1)/N elements of the others' memory, where the
 small path's every-rank-reduces-all reads M·(N-1).  Every array is a 1-D
 C-contiguous view at an address (``node.views.view``), never a strided 2-D
@@ -91,7 +97,7 @@ _X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 # BOOKS, :func:`enter`'s bookkeeping words (``books``).
 (FLAGS, RANK, SIZE, COUNT, OP, SLOTS, _SLOTS_1, SLOT_BYTES, BOUNDS, BOARD, _BOARD_1,
  BOARD_WIDTH, VALUES, VALUES_LEN, HEADERS, _HEADERS_1, HEADER_WIDTH, FINGERPRINT,
- FINGERPRINT_LEN, DEDICATED, PASSES, BOOKS) = range(22)
+ FINGERPRINT_LEN, DEDICATED, PASSES, WHOLE, BOOKS) = range(23)
 CONTROL_WORDS = BOOKS + _books.WORDS
 
 _jit = numba.njit(cache=True, nogil=True)
@@ -196,6 +202,8 @@ def _post(ctl, flags, src, target, number, sides):
         headers[rank, 1 + j] = fingerprint[j]
     bounds = view(ctl[BOUNDS], size + 1, np.int64)
     lo, hi = bounds[rank], bounds[rank + 1]
+    if ctl[WHOLE]:  # the whole input: every rank folds all of it (see _body)
+        lo = hi = 0
     mine = _slot(ctl, rank, sides, src.dtype)
     if sides & STREAM:
         _stream(mine[:lo], src[:lo])
@@ -203,7 +211,8 @@ def _post(ctl, flags, src, target, number, sides):
     else:
         _copy(src[:lo], mine[:lo])
         _copy(src[hi:], mine[hi:])
-    flags[rank * STRIDE + CALL_WORD] = call_word(number, values, fingerprint)
+    # the layout in the word too: ranks that would fold differently never agree by it
+    flags[rank * STRIDE + CALL_WORD] = call_word(number, values, fingerprint) ^ ctl[WHOLE]
     raise_own(flags, rank, target)  # fences: everything above before the counter
 
 
@@ -296,6 +305,18 @@ def _body(ctl, src, dst, target, number, sides, phase):
         if not _words_agree(ctl, flags):
             return WORDS_DIFFER, 2
         phase = 2
+    if phase == 2 and ctl[WHOLE]:
+        # every rank folds the whole vector into dst, operands in rank order, and is done:
+        # one wait a call (what each rank reads of the others' memory at N = 2 is the same)
+        op = ctl[OP]
+        block = max(1, BLOCK_BYTES // dst.itemsize)
+        for b in range(0, dst.shape[0], block):
+            e = min(b + block, dst.shape[0])
+            _fold(op, _operand(ctl, _ZERO, sides, src, b, e),
+                  _operand(ctl, _ONE, sides, src, b, e), dst[b:e])
+            for q in range(2, ctl[SIZE]):
+                _fold(op, dst[b:e], _operand(ctl, q, sides, src, b, e), dst[b:e])
+        return DONE, 3
     if phase == 2:
         rank, size, op = ctl[RANK], ctl[SIZE], ctl[OP]
         bounds = view(ctl[BOUNDS], size + 1, np.int64)
@@ -335,6 +356,18 @@ def _body_half(ctl, src, dst, target, number, sides, phase):
         if not _words_agree(ctl, flags):
             return WORDS_DIFFER, 2
         phase = 2
+    if phase == 2 and ctl[WHOLE]:
+        # every rank folds the whole vector into dst, operands in rank order, and is done:
+        # one wait a call (what each rank reads of the others' memory at N = 2 is the same)
+        op = ctl[OP]
+        block = max(1, BLOCK_BYTES // dst.itemsize)
+        for b in range(0, dst.shape[0], block):
+            e = min(b + block, dst.shape[0])
+            _fold_half(op, _operand(ctl, _ZERO, sides, src, b, e),
+                  _operand(ctl, _ONE, sides, src, b, e), dst[b:e])
+            for q in range(2, ctl[SIZE]):
+                _fold_half(op, dst[b:e], _operand(ctl, q, sides, src, b, e), dst[b:e])
+        return DONE, 3
     if phase == 2:
         rank, size, op = ctl[RANK], ctl[SIZE], ctl[OP]
         bounds = view(ctl[BOUNDS], size + 1, np.int64)

@@ -31,6 +31,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ...node.atomics import STRIDE, fence
 from ...node.group import DOUBLE_LIMIT
 from ...node.views import address
 from . import books as _books, rsag as _rsag, small as _small
@@ -46,6 +47,10 @@ ENABLED = None
 # what the others read (``stores.Stores``); below, plain ones, and no call is timed: there
 # the choosing costs more than it can win (docs/results/stores.md).
 CHOOSE_BYTES = 8 << 10
+# Two ranks, calls up to this many bytes (the older small path's bound): each folds the
+# whole vector, one wait a call instead of two, and reads as many bytes of the other's slot
+# (docs/results/dedicated-cores.md); read when a call's plan is made.
+WHOLE_BYTES = _steps.REPLICATE_BYTES
 
 
 def wanted(board):
@@ -97,6 +102,17 @@ class RsagCall(NamedTuple):
     sides: int                # board side | slot parity << 1 | header side << 2 | STREAM
 
 
+def _withdraw(group, target):
+    """Take back this rank's arrival at ``target``, the one wait of a call that folds the
+    whole vector, before its error: a peer arriving later would otherwise fold this
+    rank's posted input and return as if the call had worked, where with two waits it
+    waits on this rank's second target and fails too.  Any value below the target will
+    do; the others never wait on this rank for less than the call before's targets."""
+    flags = group.barrier.words
+    flags[group.rank * STRIDE] = target - 1
+    fence()
+
+
 class RepeatedRsag(_steps._Repeated):
     """The repeated call of one dtype and size through :func:`._rsag.step`."""
 
@@ -133,6 +149,7 @@ class RepeatedRsag(_steps._Repeated):
         c[_rsag.HEADER_WIDTH] = headers.shape[2]
         c[_rsag.DEDICATED] = 0 if group.barrier.sleep else 1
         c[_rsag.PASSES] = _rsag.SPINS
+        c[_rsag.WHOLE] = group.size == 2 and self.nbytes <= WHOLE_BYTES
         # the words enter() books a call in (each kept alive by its owner, and here)
         books = _books.fill(c, _rsag.BOOKS, self.ctx, group, self.board, node)
         self.base = c
@@ -256,7 +273,12 @@ class RepeatedRsag(_steps._Repeated):
         data_src, data_dst = _steps.data_buffers(src, dst, self.half)
         while verdict != _rsag.DONE:
             if verdict == _rsag.LATE:
-                group.barrier.wait(target if phase == 1 else target + 1)  # with the deadline
+                try:
+                    group.barrier.wait(target if phase == 1 else target + 1)  # the deadline
+                except BaseException:
+                    if ctl[_rsag.WHOLE]:
+                        _withdraw(group, target)
+                    raise
             else:  # WORDS_DIFFER: the full rows and headers, read alike by every rank
                 board = group.boards[sides & 1]
                 if not _small.rows_agree(board, values, group.size):
