@@ -42,6 +42,7 @@ within 25 % of the best's first 100 at >= 80 %; model within +-25 % at >= 80 %; 
 """
 
 import argparse
+import gc
 import glob
 import json
 import os
@@ -181,6 +182,14 @@ def measure(args):
         out1 = np.empty_like(x1)
         per = times[best_name]["median"]
         k = FIRST if per * FIRST < share / 2 else max(10, int(share / 2 / max(per, 1e-9)))
+        # Python's collector out of the first-100 windows: what the process holds so far
+        # (numba's, numpy's, mpi4py's objects) goes to its permanent generation.  A full
+        # collection of it took 9-10 ms on a rank and landed in one size's window by chance:
+        # auto's first 100 calls of 1e3 floats at N = 2 came out at 12-14x the best's in 4
+        # of 7 runs, where each call took 4-8 us (docs/results/auto-score.md).  Neither
+        # auto's nor a named algorithm's repeated calls allocate for the collector.
+        gc.collect()
+        gc.freeze()
         cold = _calls(sub, lambda: pycollective.allreduce(x1, out1, comm=sub,
                                                           algorithm=best_name), k)
         # auto, from its first call of this shape (its class is new to auto: its trials

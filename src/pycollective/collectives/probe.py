@@ -72,9 +72,10 @@ from .agree import agree_max
 __all__ = ["VERSION", "machine_facts", "cache_file", "measure", "machine_params",
            "SMALL", "MID", "LARGE", "KERNEL_IN", "KERNEL_OUT"]
 
-VERSION = 6  # 2: the library's own ring and shm calls timed; 3: shm's after its ways' trials,
+VERSION = 7  # 2: the library's own ring and shm calls timed; 3: shm's after its ways' trials,
              # the library's ring of MID bytes; 4: shm's ratios hold its agreement;
-             # 5: shm at 256 KiB and 4 MiB too; 6: the copy rate out of the caches
+             # 5: shm at 256 KiB and 4 MiB too; 6: the copy rate out of the caches;
+             # 7: shm's times held to the larger sizes'; its step at N = 2 up to 4 KiB
 SMALL, MID, LARGE = 8, 64 << 10, 4 << 20      # bytes of the ring messages
 KERNEL_IN, KERNEL_OUT = 64 << 10, 8 << 20     # bytes reduced: in a core's cache, from memory
 _REPS = 3                                     # repetitions; the minimum counts
@@ -406,7 +407,8 @@ def _shm_ratio(m, nranks, entry, layout):
     """shm's measured time (``m["shm_<bytes>"]``) over its α-β-γ cost, per size, as the model
     will price a call of that size with ``entry``'s parameters (``model.choice.measured_ratio``:
     its curves, interpolated, so that the prediction at each timed size is the time measured
-    there; shm pays no separate agreement, its times hold it).  Where it was not timed (0),
+    there; shm pays no separate agreement, its times hold it), each at most the larger
+    sizes' measured times.  Where it was not timed (0),
     its price from the sync and copy measurements (syncs at ``Barrier`` cost, data at copy
     speed).  Above its largest timed size the model keeps that size's ratio, and the β
     curve carries the calls out of the caches."""
@@ -414,14 +416,20 @@ def _shm_ratio(m, nranks, entry, layout):
                                         **{k: entry[k] for k in ("alpha", "beta", "gamma")}}),
                       nranks, layout)
     cost, f32 = _registry.get("shm").cost, np.dtype(np.float32)
-    curve = []
-    for nbytes in SHM_SIZES:
+    curve, below = [], float("inf")
+    for nbytes in reversed(SHM_SIZES):
         count = nbytes // 4
-        seconds = m[f"shm_{nbytes}"] or cost(nranks, count, 4, m["barrier"], m["copy"],
-                                             rates(flat, count, f32)[1])
+        seconds = m[f"shm_{nbytes}"]
+        if seconds:
+            # a call of fewer bytes takes no longer than one of more: a size whose calls
+            # all met a busy scheduler (ranks sharing cores; N = 8, 64 KiB: 1.25 ms where
+            # 256 KiB took 0.86) is held to the larger sizes' time
+            seconds = below = min(seconds, below)
+        else:
+            seconds = cost(nranks, count, 4, m["barrier"], m["copy"], rates(flat, count, f32)[1])
         curve.append([float(nbytes), measured_ratio("shm", seconds, nranks, count, f32, flat,
                                                     0.0)])
-    return curve
+    return curve[::-1]
 
 
 def measure(comm, layout, shm=False):
