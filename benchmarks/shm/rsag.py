@@ -12,6 +12,11 @@ rounds, in alternating order, each times on the same data:
 * ``loop``: ``--calls`` calls back to back, the slowest rank's time per call,
   median over rounds.
 
+With ``--whole`` both communicators take the reduce-scatter-allgather step, the
+old one sliced at every size (``rsag_steps.WHOLE_BYTES = 0``) and the new one
+with every rank folding the whole vector at every size (two ranks only; by
+default the step does so up to ``WHOLE_BYTES``).
+
 Every result is checked against the exact per-rank, per-index sum.  Prints one
 row per size with both steps' times and their ratio (new / old: below 1 the new
 step is faster).  Meant for nodes where every rank has a core (the step's
@@ -53,20 +58,26 @@ def main():
     parser.add_argument("--stores", type=int, choices=(0, 1), default=None,
                         help="pin the older sliced step's stores (plain 0, non-temporal 1; "
                              "default: each rank chooses while running)")
+    parser.add_argument("--whole", action="store_true",
+                        help="the step sliced (old) against every rank folding the whole "
+                             "vector (new), at every size; two ranks")
     args = parser.parse_args()
     _stores.FORCE_STORES = args.stores
     world = MPI.COMM_WORLD
     n, r = world.Get_size(), world.Get_rank()
     comms = {}
+    whole = _rsag_steps.WHOLE_BYTES
     for name, enabled in (("old", False), ("new", True)):
-        _rsag_steps.ENABLED = enabled
+        _rsag_steps.ENABLED = enabled or args.whole
+        if args.whole:
+            _rsag_steps.WHOLE_BYTES = 1 << 20 if enabled else 0
         comms[name] = world.Dup()
         for count in args.count:  # the plans, made with this setting
             send = np.ones(int(count), np.float32)
             for _ in range(3):
                 pycollective.allreduce(send, np.empty_like(send), "sum", comm=comms[name],
                                        algorithm="shm")
-    _rsag_steps.ENABLED = None
+    _rsag_steps.ENABLED, _rsag_steps.WHOLE_BYTES = None, whole
     if r == 0:
         print(f"{n} ranks, float32 sum, {args.rounds} rounds of {args.calls} calls; "
               "times in us (slowest rank; median over rounds)")
