@@ -266,8 +266,12 @@ def test_netns_a_link_cut_mid_job_names_the_lost_ranks_everywhere(netns, tmp_pat
     """Every rank raises within the timeout plus CUT_SLACK, naming the ranks beyond the cut
     and, where they are on another node, that node; the job ends; nothing is left (the
     hosts' /dev/shm are private mounts that go with them, namespaces and processes are
-    checked)."""
+    checked, and Hydra's topology files in the /tmp the hosts share are gone: the job
+    aborts, and emulate.sh's supervisor removes them)."""
+    hydra = set(Path("/tmp").glob("hydra_hwloc_xmlfile_*"))
     status, out, cut, end = _cut_mid_job(tmp_path, options, algorithm, 2, count)
+    left = set(Path("/tmp").glob("hydra_hwloc_xmlfile_*")) - hydra
+    assert not left, f"the job left {sorted(map(str, left))}"
     results = _results(tmp_path)
     assert status != 0, out[-5000:]
     assert end - cut < CUT_TIMEOUT + CUT_SLACK + END_SLACK, (end - cut, out[-5000:])

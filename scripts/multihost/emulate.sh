@@ -355,17 +355,18 @@ say "$K hosts ${SIZES[*]} ranks (${LAYOUT}$([ $CYCLIC = 1 ] && echo ", cyclic"))
 
 # mpiexec runs on host 0, as host 0 (Hydra starts host 0's ranks itself, without the
 # stand-in: the address is its own), in the background so that signals reach the traps
-# at once.
+# at once, under scripts/run_mpi.sh's supervisor (scripts/supervise.py): the limit, and
+# the files a job that ends badly leaves in the shared /tmp (Hydra's topology file, one
+# per emulated host; each host's /dev/shm goes with its namespace).
 pin0=()
 [ $PIN = 1 ] && pin0=(taskset -c "$(cpus_of 0)")
 ip netns exec "${HOSTS[0]}" "${pin0[@]}" unshare --uts --mount --propagation private \
     /bin/sh -c 'mount -t tmpfs -o mode=1777 tmpfs /dev/shm && hostname node0 && exec "$@"' sh \
-    timeout --signal=TERM --kill-after=5 "$LIMIT" \
+    "$PY" -I "$HERE/../supervise.py" "$0" "$LIMIT" "$N" \
     "$MPIEXEC" -launcher ssh -launcher-exec "$WORK/ssh" -iface "$IFACE" -hosts "$HOSTSPEC" \
     -n "$N" "$PY" -m mpi4py "$@" &
 JOB_PID=$!
 wait "$JOB_PID"
 status=$?
 JOB_PID=""
-[ $status = 124 ] && say "the job was stopped after ${LIMIT}s (PYCOLLECTIVE_TIMEOUT)"
 exit $status
