@@ -11,10 +11,15 @@ the same path.
 import ctypes
 import os
 
+import numba
 import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 
-__all__ = ["CrossMemory", "available"]
+__all__ = ["CrossMemory", "available", "read_at"]
 
 
 class _IoVec(ctypes.Structure):
@@ -33,6 +38,42 @@ def _load_readv():
 
 
 _readv = _load_readv()
+
+
+@intrinsic
+def _process_vm_readv(typingctx, pid, iovecs):
+    # libc's process_vm_readv of one local and one remote iovec (``iovecs``: the address of
+    # four words: local base and length, remote base and length), resolved when the code
+    # is linked into the process (so the compiled caller can be cached)
+    def codegen(context, builder, signature, args):
+        i64, i32 = ir.IntType(64), ir.IntType(32)
+        ptr = ir.IntType(8).as_pointer()
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(i64, [i32, ptr, i64, ptr, i64, i64]),
+            "process_vm_readv")
+        local = builder.inttoptr(args[1], ptr)
+        remote = builder.inttoptr(builder.add(args[1], ir.Constant(i64, 16)), ptr)
+        one, zero = ir.Constant(i64, 1), ir.Constant(i64, 0)
+        return builder.call(fn, [builder.trunc(args[0], i32), local, one, remote, one, zero])
+    return types.int64(types.int64, types.intp), codegen
+
+
+@numba.njit(cache=True, nogil=True)
+def read_at(pid, remote, local, nbytes, iovecs):
+    """:meth:`CrossMemory.read`'s copy from compiled code: ``nbytes`` at address ``remote``
+    of process ``pid`` to address ``local`` (``iovecs``: four int64 words of scratch).
+    0 once done, -1 if the kernel refused (the caller reads again through
+    :meth:`CrossMemory.read` for the error).  The caller checks the range."""
+    at = iovecs.ctypes.data
+    done = 0
+    while done < nbytes:
+        iovecs[0], iovecs[1] = local + done, nbytes - done
+        iovecs[2], iovecs[3] = remote + done, nbytes - done
+        got = _process_vm_readv(pid, at)
+        if got <= 0:
+            return -1
+        done += got
+    return 0
 
 
 def available():
@@ -61,6 +102,7 @@ class CrossMemory:
         self.headers = group.cma[:, :4]  # pid, src, dst, nbytes
         self.headers[self.rank] = (os.getpid(), 0, 0, 0)
         self._local, self._remote = _IoVec(), _IoVec()
+        self.iovecs = np.zeros(4, np.int64)  # read_at's scratch
         self._tmp = np.empty(0, np.uint8)
         group.sync()
         self.pids = [int(h[0]) for h in self.headers]
@@ -68,6 +110,14 @@ class CrossMemory:
     def publish(self, src, dst):
         """Make this call's buffers readable (before the call's first sync)."""
         self.headers[self.rank, 1:] = (src.ctypes.data, dst.ctypes.data, dst.nbytes)
+
+    def check(self, q, which, offset, nbytes):
+        """Raise ValueError unless bytes ``[offset, offset + nbytes)`` lie inside what rank q
+        published (``which`` buffer)."""
+        published = int(self.headers[q, 3])
+        if offset < 0 or offset + nbytes > published:
+            raise ValueError(f"refusing to read bytes [{offset}, {offset + nbytes}) of node "
+                             f"rank {q}'s buffer, which has {published} bytes")
 
     def read(self, q, which, offset, out):
         """Copy ``out.nbytes`` bytes at ``offset`` in rank q's published buffer into ``out``.
@@ -78,9 +128,7 @@ class CrossMemory:
         """
         header = self.headers[q]
         total = out.nbytes
-        if offset < 0 or offset + total > int(header[3]):
-            raise ValueError(f"refusing to read bytes [{offset}, {offset + total}) of node "
-                             f"rank {q}'s buffer, which has {int(header[3])} bytes")
+        self.check(q, which, offset, total)
         address = int(header[which]) + offset
         done, base = 0, out.ctypes.data
         local, remote = self._local, self._remote
