@@ -170,6 +170,12 @@ def test_targets_are_judged_by_size_class_with_the_memory_floor(tmp_path):
     assert found[(big, "within 1.25x of the memory floor")].startswith("gap: 1.67")
 
 
+def _judged_again(tmp_path):
+    summary, libraries = compare.aggregate(compare.read_points(tmp_path / "points.csv"))
+    rows, _ = compare.lines_of(summary, libraries)
+    return rows, compare.verdicts(rows, compare.floors_of(tmp_path))
+
+
 def test_the_peers_targets_judge_auto_in_a_launch_of_its_own(tmp_path):
     """Each peer runs alone in its launches; so does ``pycollective-alone`` (auto only).
     Where it ran, the peers' targets and the ratio column judge its time, not the best of
@@ -190,6 +196,16 @@ def test_the_peers_targets_judge_auto_in_a_launch_of_its_own(tmp_path):
     argv, _, _ = compare.command(compare.CONTENDERS["pycollective-alone"], 2, [mid],
                                  compare.parse(["--venvs", str(tmp_path)]), tmp_path / "x.json")
     assert argv[argv.index("--algorithms") + 1:] == ["auto"]
+
+    # the memory floor judges the same time as the peers' targets
+    big = 10 ** 6
+    _points(tmp_path, [
+        (1, "pycollective:shm", 2, big, 0.050, True), (1, "pycollective:auto", 2, big, 0.050, True),
+        (1, "pycollective-alone:auto", 2, big, 0.040, True), (1, "impi", 2, big, 0.045, True)])
+    rows, verdicts = _judged_again(tmp_path)
+    found = {(c, what.split(" (")[0]): v for n, c, what, v in verdicts}
+    # 3 x 4e6 B at 4 GB/s per rank: a 3 ms floor
+    assert found[(big, "within 1.25x of the memory floor")] == "gap: 13.33 (target 1.25)"
 
 
 def _gap_run(tmp_path):

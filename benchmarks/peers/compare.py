@@ -491,7 +491,7 @@ def verdicts(rows, rates):
                           f"(ours / faster of them ≤ {limit:g})", limit, ours / min(rivals))
         floor = floor_time(rates, n, c)
         if c >= 10 ** 6 and floor:
-            ratio("within 1.25x of the memory floor (best / floor)", 1.25, t / floor)
+            ratio("within 1.25x of the memory floor (ours / floor)", 1.25, ours / floor)
         if auto and auto["time"]:
             ratio("auto within 10 % of our best (auto / best)", 1.10, auto["time"] / t)
     return out
