@@ -67,7 +67,6 @@ from ...node.atomics import STRIDE, _fence, _load, _sched_yield, raise_own, wait
 from ...data.kernels import _max, _max_f16, _min, _min_f16, _prod, _prod_f16, _sum, _sum_f16
 from ...node.views import view, writable_view
 from .mid import _fold_native as _fold  # the same left fold as the older steps'
-from .mid import HALF, _fold as _fold_any  # the same, float16's too (op codes from HALF)
 from .mid import _ONE, _ZERO, _stream  # constant arguments that compile no literal callees
 from . import books as _books
 
@@ -267,23 +266,10 @@ def _copy_out(ctl, sides, dst):
             _copy(_slot(ctl, q, sides, dst.dtype)[lo:hi], dst[lo:hi])
 
 
-@_jit
-def _fold_whole(ctl, src, dst, sides, op):
-    """Phase 2 where every rank folds the whole vector (``WHOLE``): into ``dst``, operands in
-    rank order; one wait a call (what each rank reads of the others' memory at N = 2 is the
-    same).  ``op``: :func:`.mid._fold`'s code (float16's from ``HALF``), so one body
-    serves both steps."""
-    block = max(1, BLOCK_BYTES // dst.itemsize)
-    for b in range(0, dst.shape[0], block):
-        e = min(b + block, dst.shape[0])
-        _fold_any(op, _operand(ctl, _ZERO, sides, src, b, e),
-                  _operand(ctl, _ONE, sides, src, b, e), dst[b:e])
-        for q in range(2, ctl[SIZE]):
-            _fold_any(op, dst[b:e], _operand(ctl, q, sides, src, b, e), dst[b:e])
-
-
 # The two steps differ only in their fold's kernels (float16 on its bit patterns): the
-# same body written twice, as numba compiles one function per kernel it calls.  Each
+# same body written twice, as numba compiles one function per kernel it calls (the
+# whole-vector fold too: one helper for both through mid._fold's overload made the
+# fresh-clone suite's 2-rank launch, which compiles the cache, 14-16 s longer).  Each
 # body takes the send buffer as a writable view of dst's type and the phase as an int64,
 # so that numba compiles it once per dtype: a read-only send buffer, or a caller's
 # constant phase (typed as a literal), would each compile the whole body again (three
@@ -322,7 +308,16 @@ def _body(ctl, src, dst, target, number, sides, phase):
             return WORDS_DIFFER, 2
         phase = 2
     if phase == 2 and ctl[WHOLE]:
-        _fold_whole(ctl, src, dst, sides, ctl[OP])
+        # every rank folds the whole vector into dst, operands in rank order, and is done:
+        # one wait a call (what each rank reads of the others' memory at N = 2 is the same)
+        op = ctl[OP]
+        block = max(1, BLOCK_BYTES // dst.itemsize)
+        for b in range(0, dst.shape[0], block):
+            e = min(b + block, dst.shape[0])
+            _fold(op, _operand(ctl, _ZERO, sides, src, b, e),
+                  _operand(ctl, _ONE, sides, src, b, e), dst[b:e])
+            for q in range(2, ctl[SIZE]):
+                _fold(op, dst[b:e], _operand(ctl, q, sides, src, b, e), dst[b:e])
         return DONE, 3
     if phase == 2:
         rank, size, op = ctl[RANK], ctl[SIZE], ctl[OP]
@@ -364,7 +359,16 @@ def _body_half(ctl, src, dst, target, number, sides, phase):
             return WORDS_DIFFER, 2
         phase = 2
     if phase == 2 and ctl[WHOLE]:
-        _fold_whole(ctl, src, dst, sides, ctl[OP] + HALF)
+        # every rank folds the whole vector into dst, operands in rank order, and is done:
+        # one wait a call (what each rank reads of the others' memory at N = 2 is the same)
+        op = ctl[OP]
+        block = max(1, BLOCK_BYTES // dst.itemsize)
+        for b in range(0, dst.shape[0], block):
+            e = min(b + block, dst.shape[0])
+            _fold_half(op, _operand(ctl, _ZERO, sides, src, b, e),
+                  _operand(ctl, _ONE, sides, src, b, e), dst[b:e])
+            for q in range(2, ctl[SIZE]):
+                _fold_half(op, dst[b:e], _operand(ctl, q, sides, src, b, e), dst[b:e])
         return DONE, 3
     if phase == 2:
         rank, size, op = ctl[RANK], ctl[SIZE], ctl[OP]
