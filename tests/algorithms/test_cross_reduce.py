@@ -29,6 +29,7 @@ def _cross(rank, inputs, pid=None):
     cross.headers = np.array([[pid or os.getpid(), x.ctypes.data, x.ctypes.data, x.nbytes]
                               for x in inputs], np.int64)
     cross.pids = [int(h[0]) for h in cross.headers]
+    cross.pid_words = np.array(cross.pids, np.int64)
     cross._local, cross._remote = _cma._IoVec(), _cma._IoVec()
     cross.iovecs = np.zeros(4, np.int64)
     cross._tmp = np.empty(0, np.uint8)
@@ -84,7 +85,7 @@ def test_a_refused_read_raises_with_the_kernel_s_error():
     gone.wait()
     inputs = [np.ones(5000, np.float32) for _ in range(2)]
     cross = _cross(0, inputs)
-    cross.pids[1] = gone.pid
+    cross.pids[1] = cross.pid_words[1] = gone.pid
     with pytest.raises(OSError, match="node rank 1"):
         _common.cross_reduce(cross, inputs[0], np.empty(5000, np.float32), 0, 5000,
                              get_kernel("sum", np.float32))

@@ -106,6 +106,7 @@ class CrossMemory:
         self._tmp = np.empty(0, np.uint8)
         group.sync()
         self.pids = [int(h[0]) for h in self.headers]
+        self.pid_words = np.array(self.pids, np.int64)  # for compiled readers (read_at)
 
     def publish(self, src, dst):
         """Make this call's buffers readable (before the call's first sync)."""

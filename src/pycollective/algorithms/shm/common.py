@@ -135,11 +135,10 @@ def cross_reduce(cross, src, out, lo, hi, kernel, block_bytes=None, direct=None)
         for q in range(n):  # the same range of every peer's buffer: checked once
             if q != r:
                 cross.check(q, cross.SRC, lo * src.itemsize, (hi - lo) * src.itemsize)
-        pids = np.array(cross.pids, np.int64)
-        srcs = np.array([int(h) for h in cross.headers[:, cross.SRC]], np.int64)
+        srcs = np.ascontiguousarray(cross.headers[:, cross.SRC])  # this call's addresses
         staging = tmp[:3 * nbytes].view(src.dtype)
-        failed = _cross_fold(op, as_writable(src), out, lo, hi, block, staging, r, pids,
-                             srcs, own_staged, cross.iovecs)
+        failed = _cross_fold(op, as_writable(src), out, lo, hi, block, staging, r,
+                             cross.pid_words, srcs, own_staged, cross.iovecs)
         if failed >= 0:  # the kernel refused a read: the same read raises with its error
             cross.read(failed, cross.SRC, lo * src.itemsize, staging[:1])
             raise OSError(f"process_vm_readv from node rank {failed} failed")

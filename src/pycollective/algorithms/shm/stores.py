@@ -64,7 +64,7 @@ class Stores:
     # often: each try costs that much (docs/results/stores.md).
     CLEAR, RARELY = 1.25, 128
     __slots__ = ("calls", "mask", "using", "recent", "median", "sample", "every", "family",
-                 "words", "index", "leads", "published")
+                 "words", "index", "leads")
 
     def __init__(self, chooses=True, fixed=0, every=8, family=None, shared=None):
         """``chooses``: False where this rank's waits sleep (its node's ranks outnumber
@@ -82,7 +82,6 @@ class Stores:
         self.mask = 0 if chooses else -1  # -1: no call is timed
         self.recent, self.median = ([], []), [0.0, 0.0]
         self.words, self.index, self.leads = shared if chooses and shared else (None, 0, True)
-        self.published = -1
         known = _SETTLED.get(family) if chooses and family is not None else None
         if known is not None:  # settled from the start: no alternating probe
             self.calls, self.mask, self.using = self.PROBE, every - 1, known
@@ -99,8 +98,10 @@ class Stores:
         if self.mask < 0:
             return self.using, 0.0
         kind, timed = self.kind()
-        if self.words is not None and kind != self.published:
-            self.words[self.index] = self.published = kind
+        # the word read, not a copy of what this Stores wrote: Stores of other shapes
+        # may share it (stores_word)
+        if self.words is not None and self.words[self.index] != kind:
+            self.words[self.index] = kind
         return kind, (time.perf_counter() if timed else 0.0)
 
     def kind(self):
