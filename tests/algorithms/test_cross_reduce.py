@@ -96,3 +96,28 @@ def test_a_range_past_what_a_peer_published_is_refused():
     with pytest.raises(ValueError, match="refusing to read"):
         _common.cross_reduce(_cross(0, inputs), np.ones(100, np.float32),
                              np.empty(100, np.float32), 0, 100, get_kernel("sum", np.float32))
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_a_recorded_call_runs_the_same_loop_and_marks_it(dtype, monkeypatch):
+    """Under pycollective.timeline the kernel comes wrapped (each application a "reduce"
+    phase): the native kernel still takes the compiled loop, marked as one phase; the
+    Python loop marks each peer's read as a copy."""
+    from pycollective import timeline
+    from pycollective.timeline._recorder import Recorder
+    n, count, block = 3, 5000, 1000
+    inputs = [np.arange(count, dtype=dtype) % 7 + q for q in range(n)]
+    recorder = Recorder(4)
+    monkeypatch.setattr(timeline, "ACTIVE", recorder)
+    kernel, = recorder.kernels((get_kernel("sum", dtype),))
+    out = np.empty(count, dtype)
+    recorder.traced(_common.cross_reduce, "allreduce",
+                    (_cross(1, inputs), inputs[1], out, 0, count, kernel),
+                    dict(block_bytes=block * np.dtype(dtype).itemsize))
+    assert out.tobytes() == _fold("sum", inputs).tobytes()
+    (_, _, [call], _, _), = recorder.snapshot()
+    phases = [(name, category) for _, _, name, category, _ in call[4]]
+    if dtype == "float32":
+        assert phases == [("read and reduce", "reduce")]
+    else:  # 5 blocks, two peers each: read, fold, read, fold (joined where they follow)
+        assert ("read", "copy") in phases and ("reduce", "reduce") in phases
+        assert len(phases) == 5 * 4

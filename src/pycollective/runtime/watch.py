@@ -456,21 +456,24 @@ def waitall(requests, statuses=None, waiting_for="messages") -> None:
     On a failure the requests still pending are cancelled where MPI allows,
     so no late message lands in a buffer the caller gets back.
     """
-    if MPI.Request.Testall(requests, statuses):
-        return
-    for _ in range(_SPINS):
+    # timeline hook: waiting for peers (ended below), from the first test: the tests
+    # progress the transfers (a large message is copied inside them)
+    recording = _timeline.ACTIVE is not None
+    if recording:
+        _timeline.ACTIVE.open("wait")
+    for _ in range(_SPINS + 1):
         if MPI.Request.Testall(requests, statuses):
+            if recording:
+                _timeline.ACTIVE.close()
             return
     waiter = Waiter(waiting_for)
-    if _timeline.ACTIVE is not None:  # timeline hook: waiting for peers (ended below)
-        _timeline.ACTIVE.open("wait")
     try:
         while not MPI.Request.Testall(requests, statuses):
             waiter.pause()
     except BaseException:
         _cancel(requests)
         raise
-    if _timeline.ACTIVE is not None:  # timeline hook: the wait's end
+    if recording:  # timeline hook: the wait's end
         _timeline.ACTIVE.close()
 
 

@@ -44,9 +44,9 @@ import threading
 from mpi4py import MPI
 
 from . import _clock, _writer
-from ._recorder import Recorder
+from ._recorder import Recorder, untimed
 
-__all__ = ["ACTIVE", "start", "stop", "recording", "flush", "discard"]
+__all__ = ["ACTIVE", "start", "stop", "recording", "flush", "discard", "untimed"]
 
 #: The running recorder, or None.  The call path reads it once per call.
 ACTIVE = None

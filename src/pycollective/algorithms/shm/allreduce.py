@@ -241,6 +241,8 @@ def cma_allreduce_on(cross, src, dst, kernel, shared=None):
     lo, hi = bounds[r], bounds[r + 1]
     cross_reduce(cross, src, dst[lo:hi], lo, hi, kernel, direct=srcs)
     cross.group.sync()
+    if _timeline.ACTIVE is not None:  # timeline hook: the copy-out (ended after it)
+        _timeline.ACTIVE.open("copy-out", "copy")
     for q in range(n):
         qlo, qhi = bounds[q], bounds[q + 1]
         if q != r and qhi > qlo:
@@ -248,6 +250,8 @@ def cma_allreduce_on(cross, src, dst, kernel, shared=None):
                 dst[qlo:qhi] = dsts[q][qlo:qhi]
             else:
                 cross.read(q, cross.DST, qlo * itemsize, dst[qlo:qhi])
+    if _timeline.ACTIVE is not None:
+        _timeline.ACTIVE.close()
     cross.group.sync()  # nobody returns (and lets its dst change) while others read it
 
 

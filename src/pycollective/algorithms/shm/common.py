@@ -26,6 +26,7 @@ no trailing sync; above it the two ways measured about level for these
 import numba
 import numpy as np
 
+from ... import timeline as _timeline
 from ...data import kernels as _kernels
 from ...node import cma as _cma
 from ...node.views import as_writable
@@ -128,7 +129,7 @@ def cross_reduce(cross, src, out, lo, hi, kernel, block_bytes=None, direct=None)
     # In place, the first kernel pass writes out before a rank r >= 2 has
     # read its own operand (operands go in rank order): stage it.
     own_staged = r >= 2 and np.may_share_memory(src[lo:hi], out)
-    op = _OP_CODES.get(kernel)
+    op = _OP_CODES.get(_timeline.untimed(kernel))
     if op is not None and direct is None and src.flags.c_contiguous and out.flags.c_contiguous:
         # the block loop compiled: each block cost about 3.5 us of Python (the read's
         # ctypes call, the kernel's dispatch), 80 blocks a 1e7-float call at N = 2
@@ -137,8 +138,12 @@ def cross_reduce(cross, src, out, lo, hi, kernel, block_bytes=None, direct=None)
                 cross.check(q, cross.SRC, lo * src.itemsize, (hi - lo) * src.itemsize)
         srcs = np.ascontiguousarray(cross.headers[:, cross.SRC])  # this call's addresses
         staging = tmp[:3 * nbytes].view(src.dtype)
+        if _timeline.ACTIVE is not None:  # timeline hook: the reads and folds (ended after)
+            _timeline.ACTIVE.open("read and reduce", "reduce")
         failed = _cross_fold(op, as_writable(src), out, lo, hi, block, staging, r,
                              cross.pid_words, srcs, own_staged, cross.iovecs)
+        if _timeline.ACTIVE is not None:
+            _timeline.ACTIVE.close()
         if failed >= 0:  # the kernel refused a read: the same read raises with its error
             cross.read(failed, cross.SRC, lo * src.itemsize, staging[:1])
             raise OSError(f"process_vm_readv from node rank {failed} failed")
@@ -158,7 +163,11 @@ def cross_reduce(cross, src, out, lo, hi, kernel, block_bytes=None, direct=None)
                 x = direct[q][b:e]
             else:
                 x = buffers[q & 1][:e - b]
+                if _timeline.ACTIVE is not None:  # timeline hook: the read (ended after it)
+                    _timeline.ACTIVE.open("read", "copy")
                 cross.read(q, cross.SRC, b * src.itemsize, x)
+                if _timeline.ACTIVE is not None:
+                    _timeline.ACTIVE.close()
             if q == 0:
                 first = x  # its buffer is reused from q = 2 on, after the first pass
             else:
