@@ -154,6 +154,64 @@ def test_sizes_around_slices_and_limits(on, dtype, op):
         _free(comm)
 
 
+def _quarters_written(comm, count, calls):
+    """The first and last quarter of this rank's slot each of ``calls`` repeated calls
+    wrote into (its slot filled with a sentinel before each, every rank out of the last
+    call), with each call's data new and its result checked exactly."""
+    n, r = comm.Get_size(), comm.Get_rank()
+    node = shm._state(get_context(comm)).node
+    quarters, failures = [], []
+    for i in range(CALLS + calls):
+        everyone = [exact_values((q + 3 * i) % n + i, count, "float32", "sum") for q in range(n)]
+        out = np.empty_like(everyone[r])
+        if i >= CALLS:
+            capacity = node.capacity
+            slot = node.flat(np.uint8)[r * capacity:(r + 1) * capacity]
+            comm.Barrier()
+            slot[:] = 0xAB
+            comm.Barrier()
+        pycollective.allreduce(everyone[r], out, "sum", comm=comm, algorithm="shm")
+        if not bitwise_equal(out, exact_reduce(everyone, "sum", "float32")):
+            failures.append(f"call {i}: wrong")
+        if i >= CALLS:
+            comm.Barrier()
+            written = np.flatnonzero(slot != 0xAB) // (capacity // 4)
+            quarters.append((int(written[0]), int(written[-1])) if written.size else None)
+    return quarters, failures
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("banks", [True, False])
+def test_small_calls_take_four_regions_in_turn(on, monkeypatch, banks):
+    """Up to ``BANKS_BYTES`` a repeated call comes back to its region every fourth call
+    (two regions in each half of the slot); consecutive calls always write different
+    halves, so none writes where a slow rank may still read the last.  Above it, and
+    with the setting off, the two halves in turn."""
+    monkeypatch.setattr(_rsag_steps, "BANKS_BYTES", _rsag_steps.BANKS_BYTES if banks else 0)
+    comm = _fresh()
+    try:
+        count = 2500 * comm.Get_size()  # 10 KB of every other rank's data in each slot
+        spans, failures = _quarters_written(comm, count, 8)
+        assert not failures, "; ".join(failures)
+        assert None not in spans and all(a == b for a, b in spans), spans
+        quarters = [a for a, _ in spans]
+        halves = [q // 2 for q in quarters]
+        assert all(a != b for a, b in zip(halves, halves[1:])), quarters
+        assert len(set(quarters)) == (4 if banks else 2), quarters
+        if banks:
+            assert all(len(set(quarters[k:k + 4])) == 4 for k in range(len(quarters) - 3)), \
+                quarters
+            # a call larger than a quarter of the slot: each half from its start, in turn
+            quarter = shm._state(get_context(comm)).node.capacity // 4
+            spans, failures = _quarters_written(comm, quarter // 4 + 16, 4)
+            assert not failures, "; ".join(failures)
+            firsts = [a for a, _ in spans]
+            assert all(a % 2 == 0 and b == a + 1 for a, b in spans), spans
+            assert all(a != b for a, b in zip(firsts, firsts[1:])), spans
+    finally:
+        _free(comm)
+
+
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("kinds", ["plain", "non-temporal", "mixed"])
 def test_non_temporal_stores_exact_in_place_and_out(on, monkeypatch, kinds):

@@ -85,6 +85,13 @@ PAUSES = 1 << 12
 # ``sides`` bit: the writes the others read (the copy-in, the own slice of the result) go
 # past this core's cache with non-temporal stores (``stores.Stores`` chooses, per call).
 STREAM = 8
+# ``sides`` bit the step sets itself from the call's number (bit 1 of it): which of the two
+# regions inside the slot half of the call's parity, where the control word QUARTER is
+# not 0 (calls of up to ``rsag_steps.BANKS_BYTES``).  A repeated call then comes back to
+# the same region every fourth call instead of every second: at N = 2 on the Intel VM,
+# 24-48 KB calls took 15-30 % less time so (docs/results/dedicated-cores.md).  Consecutive
+# calls still take the two halves in turn, so no call writes where the last may be read.
+BANK = 16
 CALL_WORD = STRIDE - 1  # the call word's place in a rank's counter line (unused by node.atomics)
 # The agreement row's last word: "my data are posted in this step's layout".  The
 # older folded steps write 1 there, the board agreement 0, so every path tells
@@ -97,7 +104,7 @@ _X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 # BOOKS, :func:`enter`'s bookkeeping words (``books``).
 (FLAGS, RANK, SIZE, COUNT, OP, SLOTS, _SLOTS_1, SLOT_BYTES, BOUNDS, BOARD, _BOARD_1,
  BOARD_WIDTH, VALUES, VALUES_LEN, HEADERS, _HEADERS_1, HEADER_WIDTH, FINGERPRINT,
- FINGERPRINT_LEN, DEDICATED, PASSES, WHOLE, BOOKS) = range(23)
+ FINGERPRINT_LEN, DEDICATED, PASSES, WHOLE, QUARTER, BOOKS) = range(24)
 CONTROL_WORDS = BOOKS + _books.WORDS
 
 _jit = numba.njit(cache=True, nogil=True)
@@ -179,7 +186,8 @@ def _wait(ctl, flags, target):
 @_jit
 def _slot(ctl, q, sides, dtype):
     """Rank ``q``'s slot in this call's region, as a 1-D C array of ``COUNT`` elements."""
-    return view(ctl[SLOTS + (sides >> 1 & 1)] + q * ctl[SLOT_BYTES], ctl[COUNT], dtype)
+    return view(ctl[SLOTS + (sides >> 1 & 1)] + (sides >> 4 & 1) * ctl[QUARTER]
+                + q * ctl[SLOT_BYTES], ctl[COUNT], dtype)
 
 
 @_jit
@@ -284,14 +292,16 @@ def step(ctl, source, dst, target, number, sides, phase):
     # a read-only send buffer is typed apart from the slots' views, which a fold's
     # operands must match
     src = writable_view(source, dst.dtype)
-    return _body(ctl, src, dst, target, number, sides, np.int64(phase))
+    return _body(ctl, src, dst, target, number, sides | (number >> 1 & 1) * BANK,
+                 np.int64(phase))
 
 
 @_jit
 def step_half(ctl, source, dst, target, number, sides, phase):
     """:func:`step` for float16 (``source`` and ``dst`` as uint16)."""
     src = writable_view(source, dst.dtype)
-    return _body_half(ctl, src, dst, target, number, sides, np.int64(phase))
+    return _body_half(ctl, src, dst, target, number, sides | (number >> 1 & 1) * BANK,
+                      np.int64(phase))
 
 
 @_jit

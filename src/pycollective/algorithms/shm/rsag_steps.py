@@ -51,6 +51,10 @@ CHOOSE_BYTES = 8 << 10
 # whole vector, one wait a call instead of two, and reads as many bytes of the other's slot
 # (docs/results/dedicated-cores.md); read when a call's plan is made.
 WHOLE_BYTES = _steps.REPLICATE_BYTES
+# Calls of up to this many bytes take four regions in turn (``_rsag.BANK``), two inside
+# each half of the slot, where a quarter of the slot holds them (the first slots hold
+# 1 MiB: a quarter is 256 KiB).
+BANKS_BYTES = 256 << 10
 
 
 def wanted(board):
@@ -150,6 +154,9 @@ class RepeatedRsag(_steps._Repeated):
         c[_rsag.DEDICATED] = 0 if group.barrier.sleep else 1
         c[_rsag.PASSES] = _rsag.SPINS
         c[_rsag.WHOLE] = group.size == 2 and self.nbytes <= WHOLE_BYTES
+        # four regions in turn (see _rsag.BANK), where a quarter of the slot holds the call
+        quarter = node.capacity // 4
+        c[_rsag.QUARTER] = quarter if self.nbytes <= min(BANKS_BYTES, quarter) else 0
         # the words enter() books a call in (each kept alive by its owner, and here)
         books = _books.fill(c, _rsag.BOOKS, self.ctx, group, self.board, node)
         self.base = c
