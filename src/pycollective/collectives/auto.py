@@ -211,8 +211,11 @@ class AutoState:
             if self.mode == "model":
                 return _registry.get(self._decide(key, dtype, Decision(
                     ranking[0][0], "model", count, {}, dict(ranking[:1]))).algorithm)
-            tuner = Tuner(_probe.trusted(ranking, self.params), count,
-                          always=_layout_aware(self.layout))
+            trusted = _probe.trusted(ranking, self.params)
+            nbytes = count * np.dtype(dtype).itemsize
+            tuner = Tuner(trusted, count, always=_layout_aware(self.layout),
+                          settle={n: _registry.get(n).settling_calls(self.layout, nbytes)
+                                  for n, _ in trusted})
             if tuner.decision is not None:  # one candidate: nothing to time
                 return _registry.get(self._decide(key, dtype, tuner.decision).algorithm)
             if len(self.tuners) >= self._LIMIT:

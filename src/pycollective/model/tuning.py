@@ -195,11 +195,15 @@ class Tuner:
         always: names timed whenever the model ranks them (see :func:`candidates`).
         burst: consecutive calls of each candidate per round (default :func:`burst_for`
             the best prediction); the second half of each burst is timed.
+        settle: ``{name: calls}``: a candidate's first calls that are not its steady ones
+            (it times ways of its own on them: ``Algorithm.settling``).  They are not
+            timed, the candidate is not dropped before it has two timed calls, and the
+            rounds go on until every candidate left has them.
     """
 
     def __init__(self, ranking: Sequence[Tuple[str, float]], count: int,
                  rounds: Optional[int] = None, always: Sequence[str] = (),
-                 burst: Optional[int] = None):
+                 burst: Optional[int] = None, settle: Optional[Dict[str, int]] = None):
         chosen = candidates(ranking, always=always)
         if not chosen:
             raise ValueError("nothing to tune: no candidate")
@@ -213,6 +217,8 @@ class Tuner:
                 rounds = _in_bursts(rounds)
         self.rounds = max(1, int(rounds))
         self.samples: Dict[str, List[float]] = {name: [] for name in self.alive}
+        self.settle = {n: int(c) for n, c in (settle or {}).items() if n in self.samples}
+        self.made = {name: 0 for name in self.alive}  # calls of each candidate so far
         self.round = 0
         self.position = 0
         self.calls = 0
@@ -245,22 +251,29 @@ class Tuner:
         for i, name in enumerate(self.alive):
             burst = [float(t) for t in agreed[i * b:(i + 1) * b]]
             self.spent += sum(burst)
+            made, self.made[name] = self.made[name], self.made[name] + b
             if self.round > WARMUP:
-                self.samples[name].extend(burst[b // 2:])  # the calls after the switch settled
+                # the calls after the switch settled (a burst's second half), and after the
+                # candidate's own settling calls (burst[j] is its call made + j + 1)
+                start = max(b // 2, self.settle.get(name, 0) - made)
+                self.samples[name].extend(burst[start:])
         timed = self.round - WARMUP
-        # prune once each candidate has two timed calls (a burst's second half per round),
+        # prune among the candidates with two timed calls (a burst's second half per round),
         # but the model's first only from the second timed round: one burst that another
         # process slowed must not drop what the model and the rounds after might keep
-        if timed * (b - b // 2) >= 2 and len(self.alive) > 1:
-            best = min(min(self.samples[n]) for n in self.alive)
+        sampled = [n for n in self.alive if len(self.samples[n]) >= 2]
+        if timed >= 1 and sampled and len(self.alive) > 1:
+            best = min(min(self.samples[n]) for n in sampled)
             first = next(iter(self.predicted)) if timed < 2 else None
             self.alive = [n for n in self.alive
-                          if n == first or min(self.samples[n]) <= PRUNE * best]
-        if timed >= self.rounds or (timed >= 1 and len(self.alive) == 1):
+                          if n == first or n not in sampled or min(self.samples[n]) <= PRUNE * best]
+        # a candidate still settling keeps the rounds going (at most its settling calls more)
+        settling = any(len(self.samples[n]) < 2 for n in self.alive)
+        if (timed >= self.rounds and not settling) or (timed >= 1 and len(self.alive) == 1):
             order = {name: i for i, name in enumerate(self.predicted)}
             stats = {n: _lower_median(self.samples[n]) for n in self.predicted if self.samples[n]}
-            winner = min(self.alive, key=lambda n: (stats[n], order[n]))
-            times = {n: stats[n] for n in self.alive}
+            winner = min(self.alive, key=lambda n: (stats.get(n, float("inf")), order[n]))
+            times = {n: stats[n] for n in self.alive if n in stats}
             self.decision = Decision(winner, "tuned", self.count, times, self.predicted,
                                      self.calls, self.spent)
         return self.decision

@@ -71,6 +71,9 @@ class Algorithm:
     A callable ``layout_aware(layout) -> bool`` says on which layouts
     (:class:`pycollective.model.topology.Layout`) that holds: elsewhere it is
     a candidate only where the model ranks it so (:meth:`times_always`).
+    ``settling``: ``settling(layout, nbytes) -> calls``, how many calls of one size
+    it makes before its calls take the way they keep (an algorithm that times ways of
+    its own on a size's first calls); ``auto``'s trials time it from then on.
     """
 
     name: str
@@ -84,6 +87,11 @@ class Algorithm:
     verifies_arguments: bool = False
     layout_aware: Union[bool, Callable] = False
     repeated: Optional[Callable] = None
+    settling: Optional[Callable] = None
+
+    def settling_calls(self, layout, nbytes: int) -> int:
+        """Calls of ``nbytes`` per rank before this algorithm's calls are its steady ones."""
+        return 0 if self.settling is None else max(0, int(self.settling(layout, nbytes)))
 
     def times_always(self, layout) -> bool:
         """Whether ``auto`` times this algorithm whatever the model says, on ``layout``."""
@@ -126,7 +134,8 @@ def register(name: str, run: Callable, summary: str, *, cost: Optional[Callable]
              collective: str = "allreduce", agreed: Optional[Callable] = None,
              verifies_arguments: bool = False,
              layout_aware: Union[bool, Callable] = False,
-             repeated: Optional[Callable] = None) -> Algorithm:
+             repeated: Optional[Callable] = None,
+             settling: Optional[Callable] = None) -> Algorithm:
     """Add an algorithm; refuse a name or a message tag already in use.
 
     Args:
@@ -141,6 +150,7 @@ def register(name: str, run: Callable, summary: str, *, cost: Optional[Callable]
         verifies_arguments: see :class:`Algorithm`.
         layout_aware: see :class:`Algorithm`.
         repeated: a repeated call's prepared ``agreed`` (see :class:`Algorithm`).
+        settling: see :class:`Algorithm`.
 
     Raises:
         ValueError: the name is registered already, a tag is taken, or
@@ -156,7 +166,8 @@ def register(name: str, run: Callable, summary: str, *, cost: Optional[Callable]
     algo = Algorithm(name, run, summary, cost, usable or _always,
                      reserve_tags(f"{collective}:{name}", tags), collective, agreed,
                      bool(verifies_arguments),
-                     layout_aware if callable(layout_aware) else bool(layout_aware), repeated)
+                     layout_aware if callable(layout_aware) else bool(layout_aware), repeated,
+                     settling)
     table[name] = algo
     return algo
 

@@ -441,7 +441,18 @@ def shm_cost(nranks, count, itemsize, alpha, beta, gamma):
     return syncs * sync + 2 * moved * beta + moved * gamma
 
 
+def shm_settling(layout, nbytes):
+    """Calls of ``nbytes`` before shm's take the way they keep: above ``DOUBLE_LIMIT``, up
+    to ``CHOOSE_BYTES``, where every rank has a core, a size's first calls time the slots
+    and the single copy in turn (``ways.Way``); auto's trials time the calls after them.
+    (Where the single copy is not allowed the calls have no ways to time: counting them
+    anyway only leaves the trials a few more calls.)"""
+    if DOUBLE_LIMIT < nbytes <= CHOOSE_BYTES and layout.ranks_per_core <= 1:
+        return _ways.Way.LAST_TRIAL
+    return 0
+
+
 register("shm", shm_allreduce,
          "one node: ranks reduce their slice straight from the others' shared-memory slots",
          cost=shm_cost, usable=on_one_node, agreed=shm_agreed, verifies_arguments=True,
-         layout_aware=True, repeated=shm_repeated)
+         layout_aware=True, repeated=shm_repeated, settling=shm_settling)
