@@ -94,6 +94,18 @@ def test_rsag_comparison_runs_both_steps(tmp_path):
     assert "1e3" in output or "1000" in output, output[-3000:]
 
 
+def test_regions_comparison_runs_both_settings():
+    """benchmarks/shm/regions.py: two slot regions against four in one launch, checked."""
+    proc = subprocess.run([str(ROOT / "scripts" / "run_mpi.sh"), "2",
+                           str(BENCH / "shm" / "regions.py"), "--count", "1e4", "--rounds", "2",
+                           "--calls", "5"], cwd=ROOT, env=_env(), capture_output=True, text=True,
+                          timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-5000:]
+    assert re.search(r"count +10000: two regions +\S+, four +\S+, four / two \S+", output), \
+        output[-3000:]
+
+
 def test_stores_comparison_runs_every_kind():
     """benchmarks/shm/stores.py: plain, non-temporal and chosen stores in one launch, checked."""
     proc = subprocess.run([str(ROOT / "scripts" / "run_mpi.sh"), "2",
