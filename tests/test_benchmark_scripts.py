@@ -23,6 +23,17 @@ def _env(**extra):
                 **extra)
 
 
+def _two_ranks(script, *args):
+    """``script`` (under benchmarks/) at 2 ranks through scripts/run_mpi.sh; its output,
+    once it exited 0."""
+    proc = subprocess.run([str(ROOT / "scripts" / "run_mpi.sh"), "2", str(BENCH / script),
+                           *args], cwd=ROOT, env=_env(), capture_output=True, text=True,
+                          timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-5000:]
+    return output
+
+
 def _run(script, env, timeout=500):
     proc = subprocess.run(["bash", str(script)], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=timeout)
@@ -85,59 +96,34 @@ def test_gpu_check_dry_run_passes_on_the_fake_device(tmp_path):
 
 def test_rsag_comparison_runs_both_steps(tmp_path):
     """benchmarks/shm/rsag.py: the new step against the older ones in one launch, checked."""
-    proc = subprocess.run([str(ROOT / "scripts" / "run_mpi.sh"), "2",
-                           str(BENCH / "shm" / "rsag.py"), "--count", "1e3", "--rounds", "1",
-                           "--calls", "5"], cwd=ROOT, env=_env(), capture_output=True, text=True,
-                          timeout=300)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, output[-5000:]
+    output = _two_ranks("shm/rsag.py", "--count", "1e3", "--rounds", "1", "--calls", "5")
     assert "1e3" in output or "1000" in output, output[-3000:]
 
 
 def test_regions_comparison_runs_both_settings():
     """benchmarks/shm/regions.py: two slot regions against four in one launch, checked."""
-    proc = subprocess.run([str(ROOT / "scripts" / "run_mpi.sh"), "2",
-                           str(BENCH / "shm" / "regions.py"), "--count", "1e4", "--rounds", "2",
-                           "--calls", "5"], cwd=ROOT, env=_env(), capture_output=True, text=True,
-                          timeout=300)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, output[-5000:]
+    output = _two_ranks("shm/regions.py", "--count", "1e4", "--rounds", "2", "--calls", "5")
     assert re.search(r"count +10000: two regions +\S+, four +\S+, four / two \S+", output), \
         output[-3000:]
 
 
 def test_stores_comparison_runs_every_kind():
     """benchmarks/shm/stores.py: plain, non-temporal and chosen stores in one launch, checked."""
-    proc = subprocess.run([str(ROOT / "scripts" / "run_mpi.sh"), "2",
-                           str(BENCH / "shm" / "stores.py"), "--count", "3e4", "--batches", "1",
-                           "--megabytes", "0.5"], cwd=ROOT, env=_env(), capture_output=True,
-                          text=True, timeout=300)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, output[-5000:]
+    output = _two_ranks("shm/stores.py", "--count", "3e4", "--batches", "1", "--megabytes", "0.5")
     assert re.search(r"count=\s+30000 .*non-temporal/plain .*chosen/plain .*all right", output), \
         output[-3000:]
 
 
 def test_dropin_overhead_times_every_way():
     """benchmarks/dropin/overhead.py: the drop-in, the public function and the native call."""
-    proc = subprocess.run([str(ROOT / "scripts" / "run_mpi.sh"), "2",
-                           str(BENCH / "dropin" / "overhead.py"), "--count", "1e3",
-                           "--batches", "1", "--calls", "5"], cwd=ROOT, env=_env(),
-                          capture_output=True, text=True, timeout=300)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, output[-5000:]
+    output = _two_ranks("dropin/overhead.py", "--count", "1e3", "--batches", "1", "--calls", "5")
     assert re.search(r"^\s+1000(\s+\S+us){4}\s+\S+\s+\S+$", output, re.M), output[-3000:]
 
 
 def test_entry_comparison_times_every_way_of_a_repeated_call():
     """benchmarks/shm/entry.py: the call entered in compiled code, booked in Python, the
     public function, the lookup and the native call, in one launch, checked."""
-    proc = subprocess.run([str(ROOT / "scripts" / "run_mpi.sh"), "2",
-                           str(BENCH / "shm" / "entry.py"), "--count", "1e3",
-                           "--batches", "1", "--calls", "8"], cwd=ROOT, env=_env(),
-                          capture_output=True, text=True, timeout=300)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, output[-5000:]
+    output = _two_ranks("shm/entry.py", "--count", "1e3", "--batches", "1", "--calls", "8")
     assert "M = 1000 float32, N = 2, 1 batches, wrong results: 0" in output, output[-3000:]
     for name in ("public", "entered", "booked in Python", "lookup", "native"):
         assert re.search(rf"^  {name} +\S+ us +\S+ us$", output, re.M), output[-3000:]
@@ -145,12 +131,7 @@ def test_entry_comparison_times_every_way_of_a_repeated_call():
 
 def test_loop_times_a_repeated_call_and_checks_it():
     """benchmarks/shm/loop.py: back-to-back calls, the lowest and median round, checked."""
-    proc = subprocess.run([str(ROOT / "scripts" / "run_mpi.sh"), "2",
-                           str(BENCH / "shm" / "loop.py"), "--count", "1e3", "17",
-                           "--rounds", "2", "--calls", "5"], cwd=ROOT, env=_env(),
-                          capture_output=True, text=True, timeout=300)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, output[-5000:]
+    output = _two_ranks("shm/loop.py", "--count", "1e3", "17", "--rounds", "2", "--calls", "5")
     for count in (1000, 17):
         assert re.search(rf"^N = 2 M = {count} shm: lowest \S+ us, median \S+ us per call, "
                          r"right$", output, re.M), output[-3000:]
@@ -158,12 +139,7 @@ def test_loop_times_a_repeated_call_and_checks_it():
 
 def test_ways_comparison_runs_every_way(tmp_path):
     """benchmarks/shm/ways.py: slots, single copy and the chosen way in one launch, checked."""
-    proc = subprocess.run([str(ROOT / "scripts" / "run_mpi.sh"), "2",
-                           str(BENCH / "shm" / "ways.py"), "--count", "3e5", "--rounds", "1",
-                           "--calls", "2"], cwd=ROOT, env=_env(), capture_output=True, text=True,
-                          timeout=300)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, output[-5000:]
+    output = _two_ranks("shm/ways.py", "--count", "3e5", "--rounds", "1", "--calls", "2")
     assert re.search(r"^\s+300000(\s+\S+){5}$", output, re.M), output[-3000:]
 
 
@@ -183,12 +159,8 @@ def test_counting_benchmark_writes_its_counts(tmp_path):
     and at N = 2 every step reads exactly the other rank's whole vector."""
     import json
     out = tmp_path / "count.json"
-    proc = subprocess.run([str(ROOT / "scripts" / "run_mpi.sh"), "2",
-                           str(BENCH / "shm" / "count.py"), "--count", "1e3", "--rounds", "2",
-                           "--calls", "5", "--json", str(out)], cwd=ROOT, env=_env(),
-                          capture_output=True, text=True, timeout=300)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, output[-5000:]
+    output = _two_ranks("shm/count.py", "--count", "1e3", "--rounds", "2", "--calls", "5",
+                        "--json", str(out))
     report = json.loads(out.read_text())
     assert report["ranks"] == 2 and len(report["rows"]) == 1, report
     row = report["rows"][0]
