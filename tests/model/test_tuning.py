@@ -351,7 +351,7 @@ def test_a_candidate_timing_ways_of_its_own_is_timed_after_them():
     assert set(tuner.samples["shm"]) == {0.58} and len(tuner.samples["shm"]) >= 2
 
 
-def test_settling_calls_keep_the_rounds_going_only_as_long_as_needed():
+def test_settling_calls_keep_the_rounds_going_only_for_the_candidate_settling():
     # long calls (one per round): the candidate's settling calls are untimed rounds
     tuner = Tuner(LARGE, count=10**7, rounds=2, always=["shm"], settle={"shm": 5}, burst=1)
     made = _run_calls(tuner, lambda name, k: 1.0 if name == "shm" and k <= 5 else
@@ -359,3 +359,6 @@ def test_settling_calls_keep_the_rounds_going_only_as_long_as_needed():
     assert tuner.decision.algorithm == "shm"
     assert made["shm"] == 7  # five settling calls, then its two timed ones
     assert len(tuner.samples["shm"]) == 2
+    # the others served their warm-up and timed rounds only: the rounds after them
+    # were shm's alone
+    assert all(made[n] == tuning.WARMUP + 2 for n in made if n != "shm"), made

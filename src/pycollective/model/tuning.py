@@ -219,6 +219,7 @@ class Tuner:
         self.samples: Dict[str, List[float]] = {name: [] for name in self.alive}
         self.settle = {n: int(c) for n, c in (settle or {}).items() if n in self.samples}
         self.made = {name: 0 for name in self.alive}  # calls of each candidate so far
+        self.serving: List[str] = list(self.alive)  # the candidates of this round, in order
         self.round = 0
         self.position = 0
         self.calls = 0
@@ -229,13 +230,13 @@ class Tuner:
 
     def next(self) -> str:
         """The candidate that serves the next trial call."""
-        return self.alive[self.position // self.burst]
+        return self.serving[self.position // self.burst]
 
     def ran(self) -> bool:
         """Count one trial call; True when it ended a round (agree and :meth:`feed` now)."""
         self.position += 1
         self.calls += 1
-        return self.position == len(self.alive) * self.burst
+        return self.position == len(self.serving) * self.burst
 
     def feed(self, agreed: Sequence[float]) -> Optional[Decision]:
         """The round's agreed times, one per call: each candidate's burst in turn, in order.
@@ -244,11 +245,11 @@ class Tuner:
             The :class:`Decision` once the tuning is over, else None.
         """
         b = self.burst
-        if len(agreed) != len(self.alive) * b:
-            raise ValueError(f"expected {len(self.alive) * b} times, got {len(agreed)}")
+        if len(agreed) != len(self.serving) * b:
+            raise ValueError(f"expected {len(self.serving) * b} times, got {len(agreed)}")
         self.round += 1
         self.position = 0
-        for i, name in enumerate(self.alive):
+        for i, name in enumerate(self.serving):
             burst = [float(t) for t in agreed[i * b:(i + 1) * b]]
             self.spent += sum(burst)
             made, self.made[name] = self.made[name], self.made[name] + b
@@ -267,8 +268,10 @@ class Tuner:
             first = next(iter(self.predicted)) if timed < 2 else None
             self.alive = [n for n in self.alive
                           if n == first or n not in sampled or min(self.samples[n]) <= PRUNE * best]
-        # a candidate still settling keeps the rounds going (at most its settling calls more)
-        settling = any(len(self.samples[n]) < 2 for n in self.alive)
+        # a candidate still settling keeps the rounds going (at most its settling calls
+        # more), and once the others have their rounds only it serves them
+        settling = [n for n in self.alive if len(self.samples[n]) < 2]
+        self.serving = settling if timed >= self.rounds and settling else list(self.alive)
         if (timed >= self.rounds and not settling) or (timed >= 1 and len(self.alive) == 1):
             order = {name: i for i, name in enumerate(self.predicted)}
             stats = {n: _lower_median(self.samples[n]) for n in self.predicted if self.samples[n]}
