@@ -14,6 +14,11 @@ import tempfile
 import pytest
 from mpi4py import MPI
 
+import _signatures
+
+if os.environ.get(_signatures.RECORD):
+    _signatures.record(os.environ[_signatures.RECORD])
+
 # The tests see the built-in model, not whatever the first-use measurement finds on the
 # machine that runs them (nor do they write the user's cache); tests/mpi/test_probe.py
 # turns it on where it tests it.
@@ -34,6 +39,17 @@ def pytest_configure(config):
         rank = MPI.COMM_WORLD.Get_rank()
         config.option.basetemp = tempfile.mkdtemp(prefix=f"pycollective-tests-rank{rank}-")
         config.add_cleanup(lambda: shutil.rmtree(config.option.basetemp, ignore_errors=True))
+
+
+def pytest_sessionstart(session):
+    """The numba signatures the suite compiles, split between the ranks (_signatures.py):
+    a cold first launch's ranks compile side by side instead of the same code twice."""
+    world = MPI.COMM_WORLD
+    done, skipped, seconds = _signatures.precompile(world)
+    if world.Get_rank() == 0 and done + skipped:
+        sys.stdout.write(f"pycollective-precompile: rank 0 compiled {done} signatures "
+                         f"({skipped} passed over) in {seconds:.1f} s\n")
+        sys.stdout.flush()
 
 
 @pytest.hookimpl(hookwrapper=True)
