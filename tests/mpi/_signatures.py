@@ -4,8 +4,9 @@ between the launch's ranks.
 The first launch of a fresh clone (2 ranks: ``tests/conftest.py`` runs it first) spends
 most of its time in numba compiling into an empty cache, and both ranks compile the
 same signatures side by side, as the tests call them together.  At the start of each
-launch (``tests/mpi/conftest.py``) every rank compiles its share of the signatures in
-``numba_signatures.txt`` (the longest first, each to the rank with the least recorded
+launch whose ranks have a CPU each (``tests/mpi/conftest.py``) every rank compiles its
+share of the signatures in ``numba_signatures.txt`` (the longest first, each to the
+rank with the least recorded
 time so far: the same split on every rank), which numba keeps in its cache; after a
 Barrier the tests load the others' shares from there.  Where the cache is warm a
 rank's share only loads, as the tests would have.  A line that no longer names a
@@ -68,8 +69,15 @@ def share(entries, rank, size):
 
 def precompile(comm):
     """Compile this rank's share of the list, then wait for every rank (collective).
-    Returns ``(compiled, passed over, seconds)``."""
+    Only where the ranks have a CPU each (the first launch of the suite on 2 CPUs): where
+    they share them, splitting gains nothing, and a rank would load signatures its
+    launch's tests never call (the 8-rank launch leaves some out).  Returns
+    ``(compiled, passed over, seconds)``."""
     if os.environ.get("PYCOLLECTIVE_PRECOMPILE", "1") == "0" or os.environ.get(RECORD):
+        return 0, 0, 0.0
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    from mpi4py import MPI
+    if comm.allreduce(int(comm.Get_size() > (cpus or 1)), op=MPI.MAX):
         return 0, 0, 0.0
     start = time.perf_counter()
     done = skipped = 0
