@@ -319,7 +319,7 @@ class _ShmState:
         if way is None:
             if len(self.ways) >= _SIZES_KEPT:  # a sweep over sizes: start afresh (every rank)
                 self.ways.clear()
-            chooses = not self.node.group.barrier.wakes and nbytes <= CHOOSE_BYTES
+            chooses = _times_ways(nbytes, not self.node.group.barrier.wakes)
             way = self.ways[nbytes] = _ways.Way(int(nbytes > SINGLE_COPY_BYTES), chooses)
         return way
 
@@ -441,15 +441,18 @@ def shm_cost(nranks, count, itemsize, alpha, beta, gamma):
     return syncs * sync + 2 * moved * beta + moved * gamma
 
 
+def _times_ways(nbytes, own_cores):
+    """Whether a size's first calls time the slots and the single copy in turn
+    (``ways.Way``): above ``DOUBLE_LIMIT``, up to ``CHOOSE_BYTES``, every rank a core."""
+    return bool(own_cores) and DOUBLE_LIMIT < nbytes <= CHOOSE_BYTES
+
+
 def shm_settling(layout, nbytes):
-    """Calls of ``nbytes`` before shm's take the way they keep: above ``DOUBLE_LIMIT``, up
-    to ``CHOOSE_BYTES``, where every rank has a core, a size's first calls time the slots
-    and the single copy in turn (``ways.Way``); auto's trials time the calls after them.
-    (Where the single copy is not allowed the calls have no ways to time: counting them
-    anyway only leaves the trials a few more calls.)"""
-    if DOUBLE_LIMIT < nbytes <= CHOOSE_BYTES and layout.ranks_per_core <= 1:
-        return _ways.Way.LAST_TRIAL
-    return 0
+    """Calls of ``nbytes`` before shm's take the way they keep (:func:`_times_ways`, told
+    by the layout); auto's trials time the calls after them.  (Where the single copy is
+    not allowed the calls have no ways to time: counting them anyway only leaves the
+    trials a few more calls.)"""
+    return _ways.Way.LAST_TRIAL if _times_ways(nbytes, layout.ranks_per_core <= 1) else 0
 
 
 register("shm", shm_allreduce,
