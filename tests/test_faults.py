@@ -73,7 +73,7 @@ def seconds_of(results, label):
 # --- a rank that stops, dies or is elsewhere ---------------------------------------------
 
 def test_a_stopped_rank_is_named_by_every_other_rank(tmp_path):
-    algorithms = ["ring", "tree", "shm", "hierarchical", "rabenseifner"]
+    algorithms = ["ring", "tree", "shm", "hierarchical", "rabenseifner", "barrier"]
     status, results, output, _ = launch(tmp_path, 4, "stop", ",".join(algorithms))
     assert status == 0, output[-3000:]
     for algo in algorithms:
@@ -81,7 +81,8 @@ def test_a_stopped_rank_is_named_by_every_other_rank(tmp_path):
         assert set(got) == {0, 1, 2, 3}, (algo, output[-3000:])
         for rank, (outcome, text) in got.items():
             assert outcome == "CollectiveTimeout", (algo, rank, text)
-            assert "ranks [2] did not arrive" in text and "allreduce call #2" in text, text
+            what = "barrier" if algo == "barrier" else "allreduce"
+            assert "ranks [2] did not arrive" in text and f"{what} call #2" in text, text
         assert seconds_of(results, f"stop:{algo}") < 3.0 + 5, algo
         # afterwards the communicator is marked broken: later calls raise at once
         again = outcomes(results, f"stop:{algo}:again")

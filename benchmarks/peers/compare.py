@@ -18,8 +18,9 @@ How the comparison is interleaved, exactly:
   is launched once on that group, in an order rotated by one place per group
   and per round (each contender goes first, and last, equally often);
 * one launch gives, per size, the median over its repetitions of the
-  slowest rank's time per call (Barrier, ``perf_counter`` around one call,
-  MAX over ranks), all by ``point.py``'s loop: the peers' libraries, and
+  slowest rank's time per call (a barrier, ``perf_counter`` around one call,
+  MAX over ranks; each contender's own library's barrier, pycollective's
+  ``pycollective.barrier``), all by ``point.py``'s loop: the peers' libraries, and
   pycollective's algorithms and ``auto`` taking turns repetition by
   repetition in an order drawn per repetition, each timed call after an
   untimed one of its own, so ``auto / best`` compares calls of the same
@@ -680,8 +681,9 @@ def report(out, args_text=None):
                   "See the tables at the end.", ""]
     lines += [
         "Each cell: the median over rounds of each launch's median over repetitions of the "
-        "slowest rank's time per call (see `benchmarks/peers/compare.py` for how launches take "
-        "turns). *pycollective best* and *auto*: pycollective's cases taking turns in one "
+        "slowest rank's time per call, each call right after its own library's barrier "
+        "(pycollective's: `pycollective.barrier`; see `benchmarks/peers/compare.py` for how "
+        "launches take turns). *pycollective best* and *auto*: pycollective's cases taking turns in one "
         "launch (each call after the others' calls, its caches theirs); *auto alone*: "
         "`algorithm=\"auto\"` in a launch of its own, as each peer runs. **Bold**: the "
         "fastest peer. *ours / fastest peer*: auto alone (else the best case) over the fastest "

@@ -84,6 +84,8 @@ def measure(comm, count, algorithm, calls, budget, rounds):
         comm.Allreduce(src, dst, op=MPI.SUM)
 
     contenders = [(algorithm, ours), ("native", native)]
+    # Each after its own library's barrier, as the peers report times them.
+    barriers = {algorithm: lambda: pycollective.barrier(comm), "native": comm.Barrier}
     totals = {name: np.zeros(5) for name, _ in contenders}
     single = {name: [] for name, _ in contenders}
     n_calls = {}
@@ -113,7 +115,8 @@ def measure(comm, count, algorithm, calls, budget, rounds):
             totals[name] += np.concatenate([[wall], summed])
             # The same calls one at a time after a Barrier, as the peers report times them:
             # what starting together costs where the Barrier leaves ranks descheduled.
-            single[name].extend(comm.allreduce(timed_call(comm, fn), op=MPI.MAX)
+            single[name].extend(comm.allreduce(timed_call(comm, fn, barrier=barriers[name]),
+                                               op=MPI.MAX)
                                 for _ in range(min(n_calls[name], SINGLE_CALLS)))
     return ({name: totals[name] / (n_calls[name] * rounds) for name in totals}, n_calls,
             {name: float(np.median(t)) for name, t in single.items()})

@@ -276,6 +276,11 @@ class PycollectiveBackend(MpiBackend):
         self.pycollective.allreduce(self.x, self.out, "sum", comm=self.comm,
                                     algorithm=self.algorithm)
 
+    def barrier(self):
+        # Every contender starts after its own library's barrier (pycollective's lets the
+        # ranks out together; MPICH's up to a microsecond apart: docs/results/barrier.md).
+        self.pycollective.barrier(comm=self.comm)
+
     def close(self):
         self._release()
 

@@ -15,6 +15,7 @@ from importlib import metadata as _metadata
 
 from .collectives.api import (allgather, allgatherv, allreduce, bcast, broadcast, reduce,
                               reduce_scatter)
+from .collectives.barrier import barrier
 from .collectives.options import (algorithms, set_check, set_timeout, unusable_algorithms,
                                   usable_algorithms)
 from .collectives.allocate import release, shared_empty
@@ -27,7 +28,7 @@ from .comm.dropin import Comm, Request
 from .training.optimizer import DistributedOptimizer, broadcast_parameters, check_replicas
 
 __all__ = ["allreduce", "reduce_scatter", "allgather", "allgatherv", "reduce", "bcast",
-           "broadcast", "algorithms", "usable_algorithms", "unusable_algorithms", "partition",
+           "broadcast", "barrier", "algorithms", "usable_algorithms", "unusable_algorithms", "partition",
            "set_check", "set_timeout", "shared_empty", "release", "Comm", "Request", "GradientBuckets",
            "broadcast_parameters", "check_replicas", "DistributedOptimizer", "CollectiveError",
            "CollectiveTimeout", "CollectiveMismatch", "PeerFailed", "CommunicatorBroken",

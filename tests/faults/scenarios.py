@@ -76,7 +76,8 @@ def stop(algorithms, victim="2"):
     """The victim stops itself (SIGSTOP) before the call; the others must time out naming it.
 
     Then rank 0 wakes it (SIGCONT): it enters the call, hears that the call
-    failed, and raises too.  Every algorithm in turn, each on a new communicator.
+    failed, and raises too.  Every algorithm in turn, each on a new communicator
+    ("barrier": pycollective.barrier instead of an allreduce).
     """
     victim = int(victim)
     pids = WORLD.allgather(os.getpid())
@@ -87,16 +88,21 @@ def stop(algorithms, victim="2"):
         if RANK == victim:
             os.kill(os.getpid(), signal.SIGSTOP)  # rank 0 continues us below
         t0 = time.monotonic()
-        attempt(f"stop:{algo}", lambda: pycollective.allreduce(x, np.empty_like(x), comm=comm,
-                                                               algorithm=algo))
+        attempt(f"stop:{algo}", _collective(algo, comm, x))
         if RANK != victim:
             report(f"stop:{algo}:seconds", "ok", f"{time.monotonic() - t0:.1f}")
         if RANK == 0:
             time.sleep(0.5)
             os.kill(pids[victim], signal.SIGCONT)
         WORLD.Barrier()
-        attempt(f"stop:{algo}:again", lambda: pycollective.allreduce(
-            x, np.empty_like(x), comm=comm, algorithm=algo))
+        attempt(f"stop:{algo}:again", _collective(algo, comm, x))
+
+
+def _collective(algo, comm, x):
+    """The call of ``stop``: allreduce by ``algo``, or (``algo`` "barrier") the barrier."""
+    if algo == "barrier":
+        return lambda: pycollective.barrier(comm)
+    return lambda: pycollective.allreduce(x, np.empty_like(x), comm=comm, algorithm=algo)
 
 
 def stop_during(algo, victim="2"):

@@ -18,13 +18,14 @@ __all__ = ["timed_call", "slowest", "rounds", "calls_for_budget", "lower_quartil
            "idle_barrier"]
 
 
-def timed_call(comm, fn: Callable[[], object], inner: int = 1) -> float:
-    """``Barrier``, then this rank's seconds per call over ``inner`` back-to-back calls.
+def timed_call(comm, fn: Callable[[], object], inner: int = 1, barrier=None) -> float:
+    """A barrier (``comm.Barrier`` unless given), then this rank's seconds per call over
+    ``inner`` back-to-back calls.
 
     Several calls per sample is how latency benchmarks (OSU) time small
     messages: one call is shorter than the skew a barrier leaves between ranks.
     """
-    comm.Barrier()
+    (barrier or comm.Barrier)()
     t0 = time.perf_counter()
     for _ in range(inner):
         fn()

@@ -81,7 +81,7 @@ def enter(ctx: Context, what: str, fp: tuple, settings: _settings.Settings,
     """Take the communicator (bounded) and start a numbered call on it."""
     hold(ctx, what, settings.timeout)
     if tag_offset is None:
-        tag_offset = _watch.tag_offset(fp, _tag_ub(ctx)) if fp else 0
+        tag_offset = _watch.tag_offset(fp, tag_ub(ctx)) if fp else 0
     return _watch.begin(ctx, what, fp, settings, tag_offset, words)
 
 
@@ -93,7 +93,8 @@ def leave(call: _watch.Call) -> None:
 _TAG_UB = None
 
 
-def _tag_ub(ctx):
+def tag_ub(ctx):
+    """The communicator's largest tag (MPI.TAG_UB), read once."""
     global _TAG_UB
     if _TAG_UB is None:
         _TAG_UB = int(ctx.comm.Get_attr(MPI.TAG_UB) or 32767)

@@ -14,7 +14,8 @@ How it is built
   communicator.  Replaced are the buffer collectives of data-parallel
   training -- ``Allreduce``, ``Reduce_scatter_block``, ``Reduce_scatter``,
   ``Allgather``, ``Allgatherv``, ``Reduce``, ``Bcast`` -- and their
-  nonblocking forms (``Iallreduce``, ``Ireduce_scatter_block``, ...); the
+  nonblocking forms (``Iallreduce``, ``Ireduce_scatter_block``, ...), and
+  ``Barrier`` (``Ibarrier`` stays the library's); the
   constructors of new communicators (``Dup``, ``Split``, ``Create``, ...)
   return wrapped communicators with the same algorithms.
 * Device buffers (CUDA, ROCm; ``__dlpack_device__`` or
@@ -59,6 +60,7 @@ from .arguments import (_allgather_plan, _allreduce_plan, _bcast_plan, _gather_c
                         reduce_scatter)
 from . import arguments as _arguments
 from ..collectives import plans as _plans
+from ..collectives.barrier import barrier as _barrier
 from ..collectives.call import DEFAULT
 
 __all__ = ["Comm", "Request"]
@@ -302,6 +304,15 @@ class Comm(MPI.Intracomm):
     Allgather, Iallgather = _pair("allgather", "Allgather", _allgather)
     Allgatherv, Iallgatherv = _pair("allgather", "Allgatherv", _allgatherv)
     Bcast, Ibcast = _pair("bcast", "Bcast", _bcast)
+
+    def Barrier(self):
+        """Wait until every rank has called it: :func:`pycollective.barrier` (bounded; on one
+        node the ranks leave together, which a call timed after it does not pay for)."""
+        _barrier(self._plain())
+
+    def barrier(self):
+        """:meth:`Barrier` (mpi4py's lowercase form, which returns None)."""
+        _barrier(self._plain())
 
     # --- constructors return wrapped communicators ------------------------------
 

@@ -8,11 +8,15 @@ waiting ranks spin or sleep.
 
 import os
 
+import numba
+
 from ..runtime import env as _env, watch as _watch
-from .atomics import CAN_SLEEP, STRIDE, fence, raise_counter_at, set_budget, wait_counters
+from .atomics import (CAN_SLEEP, STRIDE, fence, raise_counter_at, raise_own, set_budget,
+                      wait_counters, wait_own)
 from .._errors import ConfigurationError
 
-__all__ = ["FlagBarrier", "wait_modes", "SLEEP_SPINS", "FIRST_SLEEP_NS", "LONGEST_SLEEP_NS"]
+__all__ = ["FlagBarrier", "wait_modes", "opening_sync", "ARRIVED", "HEADERS_DIFFER", "SLEEP_SPINS",
+           "FIRST_SLEEP_NS", "LONGEST_SLEEP_NS"]
 
 # Waiting where ranks outnumber cores (FlagBarrier): checks of a counter before
 # sleeping on it, the first sleep's bound and the longest (measured: see
@@ -20,6 +24,9 @@ __all__ = ["FlagBarrier", "wait_modes", "SLEEP_SPINS", "FIRST_SLEEP_NS", "LONGES
 SLEEP_SPINS = 256
 FIRST_SLEEP_NS = 200_000
 LONGEST_SLEEP_NS = 10_000_000
+
+# opening_sync's verdicts (a rank number >= 0: that rank had not arrived yet).
+ARRIVED, HEADERS_DIFFER = -1, -2
 
 
 class FlagBarrier:
@@ -135,9 +142,46 @@ class FlagBarrier:
             if wait_counters(words, rank, size, target, spins, every, sleep_ns, 1) < 0:
                 return
 
+    def withdraw(self, target):
+        """Take back this rank's arrival at ``target`` after its wait failed.
+
+        A rank that arrives after the others gave up would otherwise find every
+        counter raised and pass, as if the call had worked.  Any value below the
+        target will do: the others never wait on this rank for less than the
+        targets of the call before.
+        """
+        self.words[self.rank * STRIDE] = target - 1
+        fence()
+
     def late(self, target):
         """Ranks whose counter is below ``target`` (for messages)."""
         return [q for q, f in enumerate(self._flags) if f[0] < target]
+
+
+@numba.njit(cache=True, nogil=True)
+def opening_sync(words, rank, size, target, headers, number, fingerprint):
+    """The first sync of a call numbered ``number``, with its header, in one compiled call.
+
+    Writes this rank's header (``number``, then the ``fingerprint`` words) into
+    ``headers``, raises this rank's counter to ``target`` and waits within the
+    budget kept beside it (``node.atomics.wait_own``).  Returns
+    :data:`ARRIVED` when every rank arrived with the same header,
+    :data:`HEADERS_DIFFER` when they arrived with different ones, else the
+    rank still awaited: the caller waits on with the deadline
+    (:meth:`FlagBarrier.wait`), then compares the headers itself.
+    """
+    headers[rank, 0] = number
+    for j in range(fingerprint.shape[0]):
+        headers[rank, 1 + j] = fingerprint[j]
+    raise_own(words, rank, target)
+    late = wait_own(words, rank, size, target)
+    if late >= 0:
+        return late
+    for q in range(size):
+        for j in range(headers.shape[1]):
+            if headers[q, j] != headers[rank, j]:
+                return HEADERS_DIFFER
+    return ARRIVED
 
 
 def wait_modes(comm):

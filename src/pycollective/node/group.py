@@ -34,7 +34,7 @@ from mpi4py import MPI
 
 from ..runtime import watch as _watch
 from .atomics import STRIDE
-from .barrier import FlagBarrier, wait_modes
+from .barrier import FlagBarrier, opening_sync as _opening_sync, wait_modes
 from ..runtime.context import Key
 from .._errors import CollectiveMismatch
 from .segment import Segment
@@ -130,6 +130,7 @@ class NodeGroup:
         # publish its next header before a slower rank has checked the last
         # ones, but not two (it waits for that rank in the next call's sync).
         self.headers = view["headers"].reshape(2, n, FP_WORDS)
+        self._header_sets = (self.headers[0], self.headers[1])
         self.cma = view["cma"].reshape(n, _CMA_WORDS)
         self.ok = view["ok"].reshape(n, _OK_WORDS)
         self.mailbox = view["mailbox"]
@@ -222,6 +223,15 @@ class NodeGroup:
         last = (number << 24) + steps
         w[LAST] = last
         return last - steps + 1, published & 1
+
+    def opening_sync(self, number, fingerprint):
+        """Call ``number``'s one sync (``collectives.barrier``), compiled: ``node.barrier.
+        opening_sync``.  Returns ``(target, rows, verdict)``; a rank still awaited: wait on
+        with ``barrier.wait(target)``, then :meth:`check` the header set ``rows``."""
+        target, side = self.opening_steps(number, 1)
+        rows = self._header_sets[side]
+        return target, rows, _opening_sync(self.barrier.words, self.rank, self.size, target,
+                                           rows, number, fingerprint)
 
     def rewind(self, number, step):
         """Leave the step count at ``step`` of call ``number``, its headers checked (a

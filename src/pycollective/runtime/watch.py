@@ -134,7 +134,7 @@ def end(call: Call) -> None:
 
 # At most 8 (3 bits of the tag code below); append, never reorder.
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "bcast", "reduce", "allgatherv",
-               "reduce_scatterv")
+               "reduce_scatterv", "barrier")
 FIELDS = ("collective", "count", "dtype", "op", "algorithm", "check", "segment_bytes",
           "timeout_ms", "thread")  # thread: the calling thread's name, hashed (_threads)
 
@@ -174,6 +174,8 @@ def describe(fp) -> str:
         fields = [f"count={count}", f"itemsize={dtype}"]
     elif name == "bcast":
         fields = [f"bytes={count}"]
+    elif name == "barrier":
+        fields = []
     else:
         fields = [f"count={count}", f"dtype={pick(SUPPORTED_DTYPES, dtype)}",
                   f"op={pick(OPS, op)}"]

@@ -31,7 +31,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ...node.atomics import STRIDE, fence
 from ...node.group import DOUBLE_LIMIT
 from ...node.views import address
 from . import books as _books, rsag as _rsag, small as _small
@@ -110,11 +109,8 @@ def _withdraw(group, target):
     """Take back this rank's arrival at ``target``, the one wait of a call that folds the
     whole vector, before its error: a peer arriving later would otherwise fold this
     rank's posted input and return as if the call had worked, where with two waits it
-    waits on this rank's second target and fails too.  Any value below the target will
-    do; the others never wait on this rank for less than the call before's targets."""
-    flags = group.barrier.words
-    flags[group.rank * STRIDE] = target - 1
-    fence()
+    waits on this rank's second target and fails too."""
+    group.barrier.withdraw(target)
 
 
 class RepeatedRsag(_steps._Repeated):

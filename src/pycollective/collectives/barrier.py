@@ -1,0 +1,118 @@
+"""``barrier``: every rank waits until every rank of the communicator has called it.
+
+On a communicator whose ranks share one node it is one sync of the node's
+counters (:class:`~pycollective.node.barrier.FlagBarrier`), the first step of
+a numbered call like any shared-memory collective's: each rank publishes its
+header (call number, fingerprint) before raising its counter and compares
+every rank's after the wait, so a rank that called something else raises
+:class:`~pycollective.CollectiveMismatch` on every rank instead of pairing
+with it.  The last rank to arrive raises its counter and every waiting rank
+sees it one cache-line transfer later, so the ranks leave within a fraction
+of a microsecond of each other; an MPI library's barrier lets them out up to
+a microsecond apart (``docs/results/barrier.md``), which a collective timed
+right after it then carries.  Across nodes it is MPI's ``Ibarrier`` on the
+communicator's private duplicate, waited for with the call's deadline.
+
+Either way the wait is bounded by the call's timeout and watches the side
+channel, as every wait of the library does.  No agreement step: a barrier
+has no arguments, and the settings that must match travel in the fingerprint.
+"""
+
+from typing import NamedTuple, Optional
+
+import numpy as np
+
+from . import call as _call
+from ..node.barrier import ARRIVED, HEADERS_DIFFER
+from ..node.group import NodeGroup, whole_node
+from ..runtime import settings as _settings, threads as _threads, watch as _watch
+from ..runtime.context import Context, Key, comm_settings, get_context
+from .. import timeline as _timeline
+
+__all__ = ["barrier"]
+
+_KEY = Key("barrier")
+
+
+class _Prepared(NamedTuple):
+    """What every barrier on a communicator repeats, made again when a setting changes."""
+
+    epoch: int                  # the settings epoch it was resolved in
+    timeout: object             # the call's timeout argument
+    thread: int                 # the calling thread's pairing code
+    settings: _settings.Settings
+    fingerprint: tuple
+    words: np.ndarray           # the fingerprint as header words
+    tag_offset: int
+    group: Optional[NodeGroup]  # None: the ranks span nodes
+
+
+def barrier(comm=None, *, timeout=_call.DEFAULT) -> None:
+    """Return once every rank of ``comm`` has entered ``barrier``.
+
+    Args:
+        comm: an mpi4py intracommunicator; ``None`` means ``MPI.COMM_WORLD``.
+        timeout: longest wait, in seconds (None or 0: no limit); default as
+            for :func:`~pycollective.allreduce`.
+
+    Raises:
+        TypeError, ValueError: ``comm`` is not an intracommunicator, or the
+            timeout does not parse.
+        CollectiveError: a rank did not arrive within the timeout
+            (``CollectiveTimeout``, naming it), called another collective
+            (``CollectiveMismatch``), or failed (``PeerFailed``); or the
+            communicator is unusable since an earlier failure.
+    """
+    if _timeline.ACTIVE is not None and _timeline.ACTIVE.outside():  # timeline hook: the call
+        return _timeline.ACTIVE.traced(barrier, "barrier", (comm,), dict(timeout=timeout))
+    comm = _call.resolve_comm(comm)
+    if comm.Get_size() == 1:
+        _settings.resolve(timeout)  # a timeout that does not parse raises on one rank too
+        return
+    ctx = get_context(comm)
+    p = ctx.peek(_KEY)
+    if (p is None or p.epoch != _settings.epoch or p.thread != _threads.code()
+            or (p.timeout is not timeout and p.timeout != timeout)):
+        p = ctx.put(_KEY, _prepare(ctx, comm, timeout))
+    _call.hold(ctx, "barrier", p.settings.timeout)
+    try:
+        number = ctx.next_call()
+        if p.group is not None:
+            # The fast way: no call record unless a rank is late or called something else.
+            target, rows, verdict = p.group.opening_sync(number, p.words)
+            if verdict == ARRIVED:
+                return
+            run, args = _node_finish, (p.group, target, rows, verdict)
+        else:
+            run, args = _ibarrier, ()
+        call = _watch.begin(ctx, "barrier", p.fingerprint, p.settings, p.tag_offset, p.words,
+                            number=number)
+        try:
+            _call.run_algorithm(call, run, ctx, *args)
+        finally:
+            _watch.end(call)
+    finally:
+        ctx.lock.release()
+
+
+def _prepare(ctx: Context, comm, timeout) -> _Prepared:
+    settings = _settings.resolve(timeout, comm_settings(comm).get("timeout", _call.DEFAULT))
+    fp = _watch.fingerprint("barrier", 0, -1, -1, -1, settings)
+    return _Prepared(_settings.epoch, timeout, _threads.code(), settings, fp,
+                     _watch.fingerprint_words(fp), _watch.tag_offset(fp, _call.tag_ub(ctx)),
+                     whole_node(ctx))
+
+
+def _node_finish(ctx, group, target, rows, verdict):
+    """The opening sync in Python, with the call's deadline, where the compiled one stopped."""
+    if verdict != HEADERS_DIFFER:
+        try:
+            group.barrier.wait(target)  # a rank is late: wait on with the deadline
+        except BaseException:
+            group.barrier.withdraw(target)  # a rank arriving after this error must not pass
+            raise
+    group.check(_watch.current(), rows)  # raises, naming what each rank called
+
+
+def _ibarrier(ctx):
+    _watch.waitall([ctx.comm.Ibarrier()], waiting_for="every rank to reach the barrier")
