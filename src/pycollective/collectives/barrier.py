@@ -23,7 +23,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from . import call as _call
-from ..node.barrier import ARRIVED, HEADERS_DIFFER
+from ..node.barrier import ARRIVED, WORDS_DIFFER
 from ..node.group import NodeGroup, whole_node
 from ..runtime import settings as _settings, threads as _threads, watch as _watch
 from ..runtime.context import Context, Key, comm_settings, get_context
@@ -105,13 +105,13 @@ def _prepare(ctx: Context, comm, timeout) -> _Prepared:
 
 def _node_finish(ctx, group, target, rows, verdict):
     """The opening sync in Python, with the call's deadline, where the compiled one stopped."""
-    if verdict != HEADERS_DIFFER:
+    if verdict != WORDS_DIFFER:
         try:
             group.barrier.wait(target)  # a rank is late: wait on with the deadline
         except BaseException:
             group.barrier.withdraw(target)  # a rank arriving after this error must not pass
             raise
-    group.check(_watch.current(), rows)  # raises, naming what each rank called
+    group.check(_watch.current(), rows)  # raises where they differ, naming each rank's call
 
 
 def _ibarrier(ctx):

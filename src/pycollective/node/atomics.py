@@ -39,15 +39,18 @@ import platform
 import sys
 
 import numba
+import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
 __all__ = ["CAN_SLEEP", "STRIDE", "fence", "raise_counter", "raise_counter_at", "raise_own",
-           "set_budget", "wait_counters", "wait_own"]
+           "set_budget", "wait_counters", "wait_own", "poll_counters", "call_word", "CALL_WORD",
+           "PAUSES"]
 
-STRIDE = 8                   # int64 words per rank: counter, sleepers, own wait budget (5)
+STRIDE = 8                   # int64 words per rank: counter, sleepers, own wait budget (5),
+                             # the call word (CALL_WORD)
 _SLEEPERS = 1                # the sleepers count's word after the counter
 _BUDGET = 2                  # this rank's wait budget (set_budget), for compiled steps
 # futex(2)'s system call number (it has no libc wrapper); None: no sleeping waits.
@@ -221,3 +224,72 @@ def wait_own(words, rank, size, target):
     at = rank * STRIDE + _BUDGET
     return wait_counters(words, rank, size, target, words[at], words[at + 1], words[at + 2],
                          words[at + 3])
+
+
+# --- waits where every rank has a core, and the call word beside the counter -------------
+# A compiled step that numbers its call writes its *call word* into the spare word of its
+# counter's line before raising the counter, so a waiting rank that sees the counter has
+# the word in the same line: a call that agrees reads one metadata line per peer, and the
+# full headers only where the words differ.
+
+CALL_WORD = STRIDE - 1  # the call word's place in a rank's counter line
+_MIX = -7046029254386353131  # 0x9E3779B97F4A7C15 as int64: odd, so number -> word is one-to-one
+_X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+# Passes with a pause only; the later ones give the core away (sched_yield) between
+# passes: a peer that late is not running, its core taken by another process (a node
+# busier than its affinity masks say), and spinning on would keep it from running.
+PAUSES = 1 << 12
+
+
+@intrinsic
+def _pause(typingctx):
+    # x86's PAUSE (llvm.x86.sse2.pause): a spinning core yields its pipeline to the
+    # other hyperthread and stops flooding the memory system; nothing elsewhere.
+    def codegen(context, builder, signature, args):
+        if _X86:
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []),
+                                                "llvm.x86.sse2.pause")
+            builder.call(fn, [])
+        return context.get_dummy_value()
+    return types.void(), codegen
+
+
+
+@numba.njit(cache=True, nogil=True)
+def call_word(number, values, fingerprint):
+    """A call's *call word* (kept at :data:`CALL_WORD` of a rank's counter line): the call
+    number mixed with a hash of the agreement row (past its number words) and the
+    fingerprint: equal on two ranks that make the same call, else unequal but for a
+    2**-64 chance (the full rows and headers decide then)."""
+    h = np.int64(-3750763034362895579)  # FNV-1a's offset basis, as int64
+    for j in range(2, values.shape[0]):
+        h = (h ^ values[j]) * np.int64(1099511628211)
+    for j in range(fingerprint.shape[0]):
+        h = (h ^ fingerprint[j]) * np.int64(1099511628211)
+    return h ^ (number * np.int64(_MIX))
+
+
+
+@numba.njit(cache=True, nogil=True)
+def poll_counters(flags, rank, size, target, passes):
+    """Wait until every other counter has reached ``target``, where every rank has a core:
+    each pass checks every peer from the first still awaited, a ``pause`` between passes
+    (no system call for the first :data:`PAUSES`).  -1 when all have (then a fence,
+    so the caller's loads come after their stores), else the first peer still awaited."""
+    base = flags.ctypes.data
+    first = 0
+    for p in range(max(1, passes)):  # at least one look: a zero budget still sees a done wait
+        awaited = -1
+        for q in range(first, size):
+            if q != rank and _load(base + q * STRIDE * 8) < target:
+                if awaited < 0:
+                    awaited = q
+        if awaited < 0:
+            _fence()
+            return -1
+        first = awaited
+        if p < PAUSES:
+            _pause()
+        else:
+            _sched_yield()
+    return first

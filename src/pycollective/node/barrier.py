@@ -11,11 +11,11 @@ import os
 import numba
 
 from ..runtime import env as _env, watch as _watch
-from .atomics import (CAN_SLEEP, STRIDE, fence, raise_counter_at, raise_own, set_budget,
-                      wait_counters, wait_own)
+from .atomics import (CALL_WORD, CAN_SLEEP, STRIDE, call_word, fence, poll_counters,
+                      raise_counter_at, raise_own, set_budget, wait_counters, wait_own)
 from .._errors import ConfigurationError
 
-__all__ = ["FlagBarrier", "wait_modes", "opening_sync", "ARRIVED", "HEADERS_DIFFER", "SLEEP_SPINS",
+__all__ = ["FlagBarrier", "wait_modes", "opening_sync", "ARRIVED", "WORDS_DIFFER", "SLEEP_SPINS",
            "FIRST_SLEEP_NS", "LONGEST_SLEEP_NS"]
 
 # Waiting where ranks outnumber cores (FlagBarrier): checks of a counter before
@@ -25,8 +25,10 @@ SLEEP_SPINS = 256
 FIRST_SLEEP_NS = 200_000
 LONGEST_SLEEP_NS = 10_000_000
 
-# opening_sync's verdicts (a rank number >= 0: that rank had not arrived yet).
-ARRIVED, HEADERS_DIFFER = -1, -2
+# opening_sync's verdicts (a rank number >= 0: that rank had not arrived yet), and its
+# polling passes before it hands a wait back to Python (as shm's compiled step).
+ARRIVED, WORDS_DIFFER = -1, -2
+POLL_PASSES = 1 << 16
 
 
 class FlagBarrier:
@@ -159,28 +161,35 @@ class FlagBarrier:
 
 
 @numba.njit(cache=True, nogil=True)
-def opening_sync(words, rank, size, target, headers, number, fingerprint):
+def opening_sync(words, rank, size, target, headers, number, fingerprint, dedicated):
     """The first sync of a call numbered ``number``, with its header, in one compiled call.
 
     Writes this rank's header (``number``, then the ``fingerprint`` words) into
-    ``headers``, raises this rank's counter to ``target`` and waits within the
-    budget kept beside it (``node.atomics.wait_own``).  Returns
-    :data:`ARRIVED` when every rank arrived with the same header,
-    :data:`HEADERS_DIFFER` when they arrived with different ones, else the
-    rank still awaited: the caller waits on with the deadline
+    ``headers`` and its call word beside its counter (``node.atomics.call_word``),
+    raises the counter to ``target`` and waits: polling with a pause where every
+    rank has a core (``dedicated``), else within the budget kept beside the
+    counter (``node.atomics.wait_own``).  Returns :data:`ARRIVED` when every rank
+    arrived with the same call word (one line per peer read),
+    :data:`WORDS_DIFFER` when they arrived with different ones (the caller
+    compares the headers: a rank on a path that writes no call word, or another
+    call), else the rank still awaited: the caller waits on with the deadline
     (:meth:`FlagBarrier.wait`), then compares the headers itself.
     """
     headers[rank, 0] = number
     for j in range(fingerprint.shape[0]):
         headers[rank, 1 + j] = fingerprint[j]
+    words[rank * STRIDE + CALL_WORD] = call_word(number, fingerprint[:0], fingerprint)
     raise_own(words, rank, target)
-    late = wait_own(words, rank, size, target)
+    if dedicated:
+        late = poll_counters(words, rank, size, target, POLL_PASSES)
+    else:
+        late = wait_own(words, rank, size, target)
     if late >= 0:
         return late
+    mine = words[rank * STRIDE + CALL_WORD]
     for q in range(size):
-        for j in range(headers.shape[1]):
-            if headers[q, j] != headers[rank, j]:
-                return HEADERS_DIFFER
+        if words[q * STRIDE + CALL_WORD] != mine:
+            return WORDS_DIFFER
     return ARRIVED
 
 

@@ -231,7 +231,7 @@ class NodeGroup:
         target, side = self.opening_steps(number, 1)
         rows = self._header_sets[side]
         return target, rows, _opening_sync(self.barrier.words, self.rank, self.size, target,
-                                           rows, number, fingerprint)
+                                           rows, number, fingerprint, not self.barrier.sleep)
 
     def rewind(self, number, step):
         """Leave the step count at ``step`` of call ``number``, its headers checked (a

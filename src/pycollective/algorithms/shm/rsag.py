@@ -47,23 +47,18 @@ assembly).  The fold is the same left fold by the same kernels
 
 Waits: with a core per rank a waiting rank checks every peer still awaited
 once per pass, with a ``pause`` between passes and no system call for the
-first ``PAUSES`` passes (then a ``sched_yield`` between passes: a peer that
+first ``node.atomics.PAUSES`` passes (then a ``sched_yield`` between passes: a peer that
 late is not running); after ``SPINS`` passes it hands back to Python (``LATE`` and the phase), which
 waits on with the call's deadline and side channel and calls again from
 that phase.  Where ranks outnumber cores the waits are ``node.atomics.wait_own``'s
 (yields, then sleeps), so an oversubscribed node stays correct.
 """
 
-import platform
-
 import numba
 import numpy as np
-from llvmlite import ir
-from numba import types
-from numba.core import cgutils
-from numba.extending import intrinsic
 
-from ...node.atomics import STRIDE, _fence, _load, _sched_yield, raise_own, wait_own
+from ...node.atomics import (CALL_WORD, STRIDE, call_word, raise_own, wait_own,
+                             poll_counters as _poll)
 from ...data.kernels import _max, _max_f16, _min, _min_f16, _prod, _prod_f16, _sum, _sum_f16
 from ...node.views import view, writable_view
 from .mid import _fold_native as _fold  # the same left fold as the older steps'
@@ -78,10 +73,6 @@ LINE_BYTES = 64
 # Fold block: the partial result and one operand stay in a core's L1 across the N passes.
 BLOCK_BYTES = 16 << 10
 SPINS = 1 << 16         # polling passes before a wait hands back to Python
-# Passes with a pause only; the later ones give the core away (sched_yield) between
-# passes: a peer that late is not running, its core taken by another process (a node
-# busier than its affinity masks say), and spinning on would keep it from running.
-PAUSES = 1 << 12
 # ``sides`` bit: the writes the others read (the copy-in, the own slice of the result) go
 # past this core's cache with non-temporal stores (``stores.Stores`` chooses, per call).
 STREAM = 8
@@ -92,13 +83,10 @@ STREAM = 8
 # 24-48 KB calls took 15-30 % less time so (docs/results/dedicated-cores.md).  Consecutive
 # calls still take the two halves in turn, so no call writes where the last may be read.
 BANK = 16
-CALL_WORD = STRIDE - 1  # the call word's place in a rank's counter line (unused by node.atomics)
 # The agreement row's last word: "my data are posted in this step's layout".  The
 # older folded steps write 1 there, the board agreement 0, so every path tells
 # from the rows which layout a peer's data are in (``rsag_steps``).
 FOLDED = 2
-_MIX = -7046029254386353131  # 0x9E3779B97F4A7C15 as int64: odd, so number -> word is one-to-one
-_X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 
 # Control words: addresses and sizes this step reads, built once per plan and slots; from
 # BOOKS, :func:`enter`'s bookkeeping words (``books``).
@@ -108,19 +96,6 @@ _X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 CONTROL_WORDS = BOOKS + _books.WORDS
 
 _jit = numba.njit(cache=True, nogil=True)
-
-
-@intrinsic
-def _pause(typingctx):
-    # x86's PAUSE (llvm.x86.sse2.pause): a spinning core yields its pipeline to the
-    # other hyperthread and stops flooding the memory system; nothing elsewhere.
-    def codegen(context, builder, signature, args):
-        if _X86:
-            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []),
-                                                "llvm.x86.sse2.pause")
-            builder.call(fn, [])
-        return context.get_dummy_value()
-    return types.void(), codegen
 
 
 def line_bounds(count, size, itemsize):
@@ -133,46 +108,9 @@ def line_bounds(count, size, itemsize):
 
 
 @_jit
-def call_word(number, values, fingerprint):
-    """The call number mixed with a hash of the agreement row (past its number words) and
-    the fingerprint: equal on two ranks that make the same call, else unequal but for a
-    2**-64 chance (the full rows and headers decide then)."""
-    h = np.int64(-3750763034362895579)  # FNV-1a's offset basis, as int64
-    for j in range(2, values.shape[0]):
-        h = (h ^ values[j]) * np.int64(1099511628211)
-    for j in range(fingerprint.shape[0]):
-        h = (h ^ fingerprint[j]) * np.int64(1099511628211)
-    return h ^ (number * np.int64(_MIX))
-
-
-@_jit
 def _copy(src, dst):
     for i in range(src.shape[0]):
         dst[i] = src[i]
-
-
-@_jit
-def _poll(flags, rank, size, target, passes):
-    """Wait until every other counter has reached ``target``: each pass checks every peer
-    from the first still awaited, a pause between passes.  -1 when all have (then a fence,
-    so the caller's loads come after their stores), else the first peer still awaited."""
-    base = flags.ctypes.data
-    first = 0
-    for p in range(max(1, passes)):  # at least one look: a zero budget still sees a done wait
-        awaited = -1
-        for q in range(first, size):
-            if q != rank and _load(base + q * STRIDE * 8) < target:
-                if awaited < 0:
-                    awaited = q
-        if awaited < 0:
-            _fence()
-            return -1
-        first = awaited
-        if p < PAUSES:
-            _pause()
-        else:
-            _sched_yield()
-    return first
 
 
 @_jit
