@@ -205,3 +205,26 @@ def test_the_node_s_first_rank_chooses_and_the_others_take_its_kind():
     # a leader that does not choose (its waits sleep) keeps its kind and writes nothing
     quiet = Stores(chooses=False, fixed=1, shared=(words, 6, True))
     assert [quiet.next()[0] for _ in range(20)] == [1] * 20 and words[6] == 0
+
+
+def test_one_fast_sample_of_the_other_kind_does_not_make_it_switch(monkeypatch):
+    """After the probe, a switch needs two samples of the other kind: its first turn
+    after the kind in use can meet the slots as that kind left them and come out fast
+    (a shape of a settled family has no probed samples of the other kind at all)."""
+    monkeypatch.setattr(_stores, "_SETTLED", {"f": 1})
+    stores = Stores(family="f")
+    samples = iter([3e-6] + [60e-6] * 100)  # plain: one fast sample, then its real time
+
+    def time_of(kind):
+        return next(samples) if kind == 0 else 30e-6
+    used = set()
+    for _ in range(3 * Stores.RARELY):
+        kind, started = stores.next()
+        if started:
+            stores.took(kind, time_of(kind))
+        used.add(stores.using)
+    assert used == {1}, "one fast sample switched the kind"
+    # two fast samples do
+    again = Stores(family="f")
+    _run(again, {0: 3e-6, 1: 30e-6}, 3 * Stores.RARELY)
+    assert again.using == 0

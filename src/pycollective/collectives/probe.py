@@ -72,10 +72,11 @@ from .agree import agree_max
 __all__ = ["VERSION", "machine_facts", "cache_file", "measure", "machine_params",
            "SMALL", "MID", "LARGE", "KERNEL_IN", "KERNEL_OUT"]
 
-VERSION = 7  # 2: the library's own ring and shm calls timed; 3: shm's after its ways' trials,
+VERSION = 8  # 2: the library's own ring and shm calls timed; 3: shm's after its ways' trials,
              # the library's ring of MID bytes; 4: shm's ratios hold its agreement;
              # 5: shm at 256 KiB and 4 MiB too; 6: the copy rate out of the caches;
-             # 7: shm's times held to the larger sizes'; its step at N = 2 up to 4 KiB
+             # 7: shm's times held to the larger sizes'; its step at N = 2 up to 4 KiB;
+             # 8: shm's after its stores' trials too
 SMALL, MID, LARGE = 8, 64 << 10, 4 << 20      # bytes of the ring messages
 KERNEL_IN, KERNEL_OUT = 64 << 10, 8 << 20     # bytes reduced: in a core's cache, from memory
 _REPS = 3                                     # repetitions; the minimum counts
@@ -238,13 +239,15 @@ _FIELDS = ("t_small", "t_mid", "t_large", "g32_in", "g32_out", "g64_in", "g64_ou
            "ring_8", "ring_mid", "ring_large") + _SHM_FIELDS + ("agree_library",)
 
 
-def _library_times(comm, shm, crowded=False):
+def _library_times(comm, shm, crowded=False, layout=None):
     """``{field: [seconds]}``: this rank's times of the library's own calls (float32 sum, each call after a
     Barrier; ``times[field]`` a list of _LIBRARY_REPS, _LIBRARY_REPS_SMALL up to MID bytes) on a
     duplicate of ``comm`` (collective):
     ``allreduce(algorithm="ring")`` of 8 bytes, MID and LARGE, then, if ``shm``,
     ``allreduce(algorithm="shm")`` at each of SHM_SIZES.  ``crowded``: the ranks
-    outnumber their cores (shm's calls above 1 MiB then try no ways).  :func:`measure` takes each
+    outnumber their cores (shm's calls above 1 MiB then try no ways).  ``layout``: the
+    ranks' layout, whose calls of shm that try ways and stores (``Algorithm.settling``)
+    are not timed.  :func:`measure` takes each
     call's slowest rank, then the median of each field's calls, as a program sees its calls.
 
     A duplicate, because this runs inside the first automatic call on ``comm`` (its calls
@@ -264,14 +267,19 @@ def _library_times(comm, shm, crowded=False):
 
     def reps(nbytes):
         return _LIBRARY_REPS_SMALL if nbytes <= MID else _LIBRARY_REPS
-    # above 1 MiB shm's first calls of a size time its two ways and the ranks settle on
-    # one (algorithms/shm/ways.py, Way.LAST_TRIAL): the calls timed here come after them
-    # (where ranks outnumber cores they do not: algorithms/shm/allreduce.py, way_for)
+    # shm's first calls of a size time its two ways above 1 MiB and, where every rank has
+    # a core, its two kinds of stores from 8 KiB, and the ranks settle on one of each
+    # (Algorithm.settling): the calls timed here come after them; at N = 2 on the AMD VM
+    # the 256 KiB and 4 MiB calls timed during those trials took 1.2-1.6x the settled ones
     large = _WARM if crowded else _WARM_WAYS
+    shm_algo = _registry.get("shm")
+
+    def settle(n):
+        base = large if n > DOUBLE_LIMIT else warm(n)
+        return base if layout is None else max(base, shm_algo.settling_calls(layout, n) + 1)
     plan = [("ring_8", "ring", 8, warm(8)), ("ring_mid", "ring", MID, warm(MID)),
             ("ring_large", "ring", LARGE, 1)] + [
-        (field, "shm", n, large if n > DOUBLE_LIMIT else warm(n))
-        for field, n in zip(_SHM_FIELDS, SHM_SIZES) if shm]
+        (field, "shm", n, settle(n)) for field, n in zip(_SHM_FIELDS, SHM_SIZES) if shm]
     dup = comm.Dup()
     times = {}
     try:
@@ -327,7 +335,7 @@ def _local_measurements(comm, node, leaders, layout, shm):
         m["inter_small"] = _ring_time(leaders, SMALL, _SMALL_STEPS, _REPS)
         m["inter_large"] = _ring_time(leaders, LARGE, 1, _REPS)
     crowded = layout.ranks_per_core > 1
-    return m, (_library_times(comm, shm, crowded) if not layout.spans_nodes else {})
+    return m, (_library_times(comm, shm, crowded, layout) if not layout.spans_nodes else {})
 
 
 def _fit(m, nranks, layout):

@@ -448,11 +448,18 @@ def _times_ways(nbytes, own_cores):
 
 
 def shm_settling(layout, nbytes):
-    """Calls of ``nbytes`` before shm's take the way they keep (:func:`_times_ways`, told
-    by the layout); auto's trials time the calls after them.  (Where the single copy is
-    not allowed the calls have no ways to time: counting them anyway only leaves the
-    trials a few more calls.)"""
-    return _ways.Way.LAST_TRIAL if _times_ways(nbytes, layout.ranks_per_core <= 1) else 0
+    """Calls of ``nbytes`` before shm's take the way and the stores they keep, told by the
+    layout: where every rank has a core, the ways' trials (:func:`_times_ways`) and, from
+    ``rsag_steps.CHOOSE_BYTES`` up to ``CHOOSE_BYTES``, the turns in which the stores'
+    two kinds are tried (``stores.Stores.PROBE``; a shape whose family settled already
+    tries none).  auto's trials and the first-use measurement time the calls after them.
+    (Where the single copy is not allowed the calls have no ways to time: counting them
+    anyway only leaves the trials a few more calls.)"""
+    own = layout.ranks_per_core <= 1
+    calls = _ways.Way.LAST_TRIAL if _times_ways(nbytes, own) else 0
+    if own and _rsag_steps.CHOOSE_BYTES <= nbytes <= CHOOSE_BYTES:
+        calls += _stores.Stores.PROBE
+    return calls
 
 
 register("shm", shm_allreduce,

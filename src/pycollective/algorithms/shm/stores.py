@@ -30,8 +30,9 @@ class Stores:
     The first ``PROBE`` calls alternate turns of the two kinds; then one call
     in ``every`` is timed, and one turn in ``SAMPLE`` calls (``RARELY``
     where the other kind is clearly slower) takes the kind not in use.  Each
-    kind's time is the median of its last three timed calls, and the kind
-    in use changes when the other's is below ``SWITCH`` of its own.
+    kind's time is the median of its last three timed calls (the larger of
+    two), and the kind in use changes when the other's is below ``SWITCH`` of
+    its own, from two samples of the other at least.
 
     **One choice per node.**  A call's time depends on every rank's kind (each
     reads the others' slots), and ranks choosing apart can settle in a mixed
@@ -133,7 +134,10 @@ class Stores:
         self.mask = self.every - 1
         using = self.using
         mine, other = self.median[using], self.median[1 - using]
-        if 0.0 < other < self.SWITCH * mine:
+        # Two samples of the other kind at least: one turn of it can meet the slots in
+        # the state the kind in use left (at N = 2 on the AMD VM one such sample moved a
+        # 400 KB call from non-temporal stores at 33-45 us to plain ones at 65-78).
+        if 0.0 < other < self.SWITCH * mine and len(self.recent[1 - using]) >= 2:
             self.using, mine, other = 1 - using, other, mine
         clear = other >= self.CLEAR * mine
         self.sample = self.RARELY if clear else self.SAMPLE
