@@ -11,7 +11,8 @@ that can run on the world (the others must say why: shm needs one node), at
 counts around the chunk and segment edges, three (dtype, op) pairs, in place
 and out of place, the result must be bit for bit the exact reduction of
 integer data (tolerance 0) and the same on every rank; auto runs until each
-of its size classes is decided, every call checked the same way.  Errors are
+of its size classes is decided, every call checked the same way; and
+``pycollective.barrier`` lets no rank out before the last one arrived.  Errors are
 collected, not raised, so every rank takes part in every collective; rank 0
 prints one summary line that the test reads, and the exit status says
 whether everything was right.  MPI_Finalize runs after all of it, on the
@@ -19,13 +20,14 @@ network module chosen by the launcher, so a clean exit is part of the check.
 """
 
 import sys
+import time
 import zlib
 
 import numpy as np
 from mpi4py import MPI
 
 import pycollective
-from pycollective.collectives import auto as _auto
+from pycollective.collectives import auto as _auto, barrier as _barrier
 from pycollective.bench import _exact
 from pycollective.runtime.context import get_context
 from pycollective.model.tuning import MAX_TRIALS
@@ -91,6 +93,18 @@ def main():
     if None in decided.values():
         problems.append(f"auto did not decide every class: {decided}")
 
+    # the barrier across hosts (MPI's Ibarrier, bounded): nobody leaves before the last
+    # rank arrives (the emulated hosts share one machine's clock)
+    for round_ in range(3):
+        world.Barrier()
+        time.sleep(0.01 * rank)
+        arrived = time.monotonic()
+        pycollective.barrier(world)
+        left = time.monotonic()
+        if min(world.allgather(left)) < max(world.allgather(arrived)):
+            problems.append(f"barrier round {round_}: a rank left before the last arrived")
+    if get_context(world).peek(_barrier._KEY).group is not None:
+        problems.append("the barrier took the one-node way across hosts")
     problems = [p for part in world.allgather(problems) for p in part]
     if rank == 0:
         sys.stdout.write(
