@@ -2,16 +2,19 @@
 
 On a communicator whose ranks share one node it is one sync of the node's
 counters (:class:`~pycollective.node.barrier.FlagBarrier`), the first step of
-a numbered call like any shared-memory collective's: each rank publishes its
-header (call number, fingerprint) before raising its counter and compares
-every rank's after the wait, so a rank that called something else raises
-:class:`~pycollective.CollectiveMismatch` on every rank instead of pairing
-with it.  The last rank to arrive raises its counter and every waiting rank
-sees it one cache-line transfer later, so the ranks leave within a fraction
-of a microsecond of each other; an MPI library's barrier lets them out up to
-a microsecond apart (``docs/results/barrier.md``), which a collective timed
-right after it then carries.  Across nodes it is MPI's ``Ibarrier`` on the
-communicator's private duplicate, waited for with the call's deadline.
+a numbered call like any shared-memory collective's, in one compiled call
+(:func:`~pycollective.node.barrier.opening_sync`): each rank publishes its
+header (call number, fingerprint) and, in its counter's cache line, a hash of
+both (the call word) before raising the counter; after the wait it compares
+the call words, and the headers where they differ, so a rank that called
+something else raises :class:`~pycollective.CollectiveMismatch` on every rank
+instead of pairing with it.  Where every rank has a core the waiting ranks
+poll with a ``pause`` and see the last rank's counter and word in one
+cache-line transfer, so they leave within a fraction of a microsecond of each
+other; an MPI library's barrier may let them out a microsecond apart
+(``docs/results/barrier.md``), which a collective timed right after it then
+carries.  Across nodes it is MPI's ``Ibarrier`` on the communicator's private
+duplicate, waited for with the call's deadline.
 
 Either way the wait is bounded by the call's timeout and watches the side
 channel, as every wait of the library does.  No agreement step: a barrier
