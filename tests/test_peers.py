@@ -473,3 +473,22 @@ def test_the_device_script_gives_the_comparison_arguments_it_accepts(tmp_path):
     assert args.contenders == ["pycollective", "pycollective-alone", "mpich", "openmpi", "impi"]
     assert args.shared == [] and not args.profiles and args.out.startswith(str(tmp_path))
     assert not (tmp_path / "res").exists()  # a plan only: nothing run, nothing written
+
+
+def test_the_report_shows_the_barriers_every_call_is_timed_after(tmp_path):
+    """barrier_skew.py's rows (one launch per N and library) become the report's table,
+    ours by name, the MPI libraries by their short names; no file, no section."""
+    assert compare.barriers_section(tmp_path) == []
+    rows = [dict(barrier="MPICH Version:      5.0.2", nranks=2, spread_us=0.93, p90_us=1.1,
+                 back_to_back_us=2.2, after=None, after_us=None, env="mpich"),
+            dict(barrier="pycollective.barrier", nranks=2, spread_us=0.03, p90_us=0.05,
+                 back_to_back_us=2.1, after=None, after_us=None, env="mpich"),
+            dict(barrier="Intel(R) MPI Library 2021.19.0 for Linux* OS", nranks=2,
+                 spread_us=0.07, p90_us=0.09, back_to_back_us=0.24, after=None,
+                 after_us=None, env="impi")]
+    (tmp_path / compare.BARRIERS).write_text(json.dumps(rows))
+    lines = compare.barriers_section(tmp_path)
+    table = [line for line in lines if line.startswith("| 2 |")]
+    assert table == ["| 2 | Intel MPI 2021.19.0 | 0.07 µs | 0.09 µs | 0.24 µs |",
+                     "| 2 | MPICH 5.0.2 | 0.93 µs | 1.10 µs | 2.20 µs |",
+                     "| 2 | pycollective.barrier | 0.03 µs | 0.05 µs | 2.10 µs |"]

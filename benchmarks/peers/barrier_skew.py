@@ -18,6 +18,7 @@ the report times.  One machine only: clocks of two hosts are not comparable.
 """
 
 import argparse
+import json
 import time
 
 import numpy as np
@@ -61,6 +62,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=3000)
     parser.add_argument("--pycollective", action="store_true",
                         help="also pycollective.barrier, the two taking turns (3 turns each)")
+    parser.add_argument("--json", help="also write the rows to this file (rank 0)")
     parser.add_argument("--after", type=lambda v: int(float(v)), default=None,
                         help="time pycollective.allreduce of this many float32 after each "
                              "barrier (implies --pycollective)")
@@ -89,12 +91,19 @@ def main():
         if comm.allreduce(0 if np.array_equal(out, want) else 1):
             raise SystemExit(f"wrong allreduce result at {args.after} float32")
     if comm.Get_rank() == 0 and args.rounds > 100:
+        rows = []
         for name, runs in got.items():
             median, p90, own, call = np.median(np.array(runs), axis=0)
+            rows.append(dict(barrier=name, nranks=comm.Get_size(), spread_us=float(median),
+                             p90_us=float(p90), back_to_back_us=float(own),
+                             after=args.after, after_us=None if np.isnan(call) else float(call)))
             print(f"{name}: {comm.Get_size()} ranks leave the barrier within {median:.2f} us "
                   f"(median), {p90:.2f} us (p90); {own:.2f} us a barrier back to back"
                   + (f"; allreduce of {args.after:g} float32 after it {call:.2f} us"
                      if after is not None else ""))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -60,7 +60,9 @@ issue 30, with the memory-traffic floor from one ``bench membw`` launch per
 N), ``peers.png`` (time and busbw against size, one
 line per contender, one column per N), ``commands.txt`` (every launch),
 ``profiles.txt`` (the missed targets' profiles, measured after the rounds by
-``gaps.py``'s launches; ``--no-profiles`` skips them),
+``gaps.py``'s launches; ``--no-profiles`` skips them), ``barriers.txt`` (how far
+apart each library's barrier lets the ranks out, ``barrier_skew.py``, after the
+rounds; skipped with the profiles),
 ``launches/`` (each launch's JSON and output; JSON is not committed).
 Only the standard library is needed to measure; numpy and matplotlib for the
 plot (the MPICH environment has both).
@@ -427,6 +429,67 @@ def floor_time(rates, n, count):
     return n * FLOOR_TRAFFIC * 4 * count / total if total else None
 
 
+# --- the barriers every call is timed after ------------------------------------------
+
+BARRIERS = "barriers.txt"  # JSON (not *.json: benchmarks/results ignores those)
+BARRIER_SKEW = HERE / "barrier_skew.py"
+
+
+def measure_barriers(args, out):
+    """After the rounds: one ``barrier_skew.py`` launch per N and MPI library among the
+    contenders (in MPICH's, ``pycollective.barrier`` beside MPICH's ``Barrier``), kept in
+    ``barriers.txt``: how far apart each barrier lets the ranks out, which every timed
+    call carries.  Nonzero if a launch failed."""
+    envs = [e for e in ("mpich", "openmpi", "impi")
+            if e in args.contenders or (e == "mpich" and any(
+                CONTENDERS[c].env == "mpich" for c in args.contenders))]
+    found, status = [], 0
+    for n in args.ns:
+        for env in envs:
+            ours = env == "mpich" and any(c.startswith("pycollective") for c in args.contenders)
+            json_path = out / "launches" / f"barrier_{env}_N{n}.json"
+            argv = [str(RUN_MPI), str(n), str(BARRIER_SKEW), "--json", str(json_path),
+                    *(["--pycollective"] if ours else [])]
+            extra = {"PYTHON": str(env_python(args.venvs, CONTENDERS[env])),
+                     "PYCOLLECTIVE_TIMEOUT": str(args.launch_timeout)}
+            record(out, argv, extra)
+            wait_quiet(args.wait, args.idle)
+            rc = launch(argv, extra, args.launch_timeout,
+                        out / "launches" / f"barrier_{env}_N{n}.log")
+            print(f"[barrier] N={n} {env}: exit {rc}", flush=True)
+            status |= rc != 0
+            try:
+                found += [dict(row, env=env) for row in json.loads(json_path.read_text())]
+            except (OSError, ValueError):
+                pass
+    (out / BARRIERS).write_text(json.dumps(found, indent=1))
+    return status
+
+
+def barriers_section(out):
+    """The report's table of the barriers' spreads (from ``barriers.txt``), or nothing."""
+    try:
+        found = json.loads((Path(out) / BARRIERS).read_text())
+    except (OSError, ValueError):
+        return []
+    if not found:
+        return []
+    lines = ["", "## The barriers the calls are timed after", "",
+             "Each call above is timed right after its own library's barrier (pycollective's: "
+             "`pycollective.barrier`); a rank that leaves it early waits inside the timed call "
+             "for the last one. Measured after the rounds (`benchmarks/peers/barrier_skew.py`, "
+             "one launch per N and library): *spread*, the median over the barriers of the "
+             "time between the first and the last rank leaving it (p90 beside it); *back to "
+             "back*, one barrier's time in a loop.", "",
+             "| N | barrier | spread | p90 | back to back |", "|---|---|---|---|---|"]
+    for row in sorted(found, key=lambda r: (r["nranks"], r["env"], r["barrier"])):
+        name = ("pycollective.barrier" if row["barrier"] == "pycollective.barrier"
+                else short_library(row["barrier"]) or row["barrier"])
+        lines.append(f"| {row['nranks']} | {name} | {row['spread_us']:.2f} µs | "
+                     f"{row['p90_us']:.2f} µs | {row['back_to_back_us']:.2f} µs |")
+    return lines
+
+
 # --- the gaps' profiles ----------------------------------------------------------
 
 def profile_gaps(args, out):
@@ -728,6 +791,7 @@ def report(out, args_text=None):
     lines += gaps.section(profiles, rows, found,
                           lambda n, c: floor_time(rates, n, c), fmt_count, label)
     lines += shared_section(rows, rates)
+    lines += barriers_section(out)
     lines += same_launch_tables(summary, libraries)
     # Honesty: spread over rounds, how quiet the machine was, failures.
     lines += ["", "Spread over rounds, (max − min) / median, median over the sizes of each N:", "",
@@ -984,6 +1048,8 @@ def main(argv=None):
             csv.DictWriter(f, FIELDS).writerows(rows)
     meta["ended_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     (out / PLAN).write_text(json.dumps(meta, indent=1))
+    if args.profiles:
+        status |= measure_barriers(args, out)
     if args.profiles and "pycollective" in args.contenders and (ROOT / "src").exists():
         status |= profile_gaps(args, out)
         meta["profiled_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
