@@ -189,3 +189,30 @@ def test_per_size_curves_set_beta_and_gamma_by_vector_size():
     # in between: log-linear
     mid = model.params.value_at(curve, 1 << 21, None)
     assert mid == pytest.approx(2.5e-10)  # halfway in log(bytes) between 1 and 4 MiB
+
+
+@pytest.mark.parametrize("alpha, beta, gamma", [(2e-5, 1e-9, 1e-10), (5e-6, 1e-10, 1e-10),
+                                                (5e-5, 5e-10, 2e-10)])
+def test_between_measured_sizes_near_each_other_the_price_follows_the_measured_times(
+        alpha, beta, gamma):
+    """shm measured at 4 KiB and 64 KiB at 8 ranks (55.7 and 87.9 us, a first-use
+    measurement of the 2-core VM): between them its price rises from one time to the
+    other, whatever the α-β-γ cost's shape there (its steps change above 4 KiB, and the
+    4 KiB point's ratio times the cost just above came out above the 64 KiB time)."""
+    from pycollective.model.choice import calibrated_times, measured_ratio
+    from pycollective.model.params import _clean
+    f32 = np.dtype(np.float32)
+    flat = model.params_for(_clean({"by_nranks": {"8": dict(nranks=8, alpha=alpha, beta=beta,
+                                                            gamma=gamma, overhead=0.0)},
+                                    "alpha": alpha, "beta": beta, "gamma": gamma}, "test"), 8)
+    t0, t1 = 55.7e-6, 87.9e-6
+    curve = [[4096.0, measured_ratio("shm", t0, 8, 1024, f32, flat, 0.0)],
+             [65536.0, measured_ratio("shm", t1, 8, 16384, f32, flat, 0.0)]]
+    flat = dict(flat, corrections={"shm": curve})
+    prices = [calibrated_times(8, c, f32, flat)["shm"] for c in (1024, 1100, 4000, 10000, 16383,
+                                                               16384)]
+    assert prices[0] == pytest.approx(t0) and prices[-1] == pytest.approx(t1)
+    assert all(a <= b for a, b in zip(prices, prices[1:])), prices
+    # log-log between the two: 16 KB is half way in log
+    assert calibrated_times(8, 2048 * 2, f32, flat)["shm"] == pytest.approx(
+        t0 * (t1 / t0) ** 0.5, rel=1e-6)

@@ -13,6 +13,9 @@ calibration and broadcasts it).  ``algorithm="auto"`` times the few
 algorithms ranked first here before it settles (:mod:`pycollective.model.tuning`).
 """
 
+import bisect
+import math
+
 import numpy as np
 
 from ..runtime import registry as _registry
@@ -40,6 +43,9 @@ def gamma_of(flat, dtype):
 # measurement's α is a message sent by the library (its Python included), so
 # shm's measured time is 0.05-0.1 of its formula at small sizes on dedicated cores.
 _MIN_FACTOR = 0.03
+#: Points of a measured curve at most this factor apart in size are interpolated in time
+#: (:func:`_between_points`), farther ones in their ratio to the α-β-γ cost.
+TIME_SPAN = 64.0
 
 
 def rates(flat, count, dtype):
@@ -169,10 +175,43 @@ def calibrated_times(nranks, count, dtype, flat, exclude=()):
         if trivial:
             out[name] = 0.0
             continue
-        ratio = value_at(corrections.get(name), nbytes, 1.0)
-        out[name] = (overhead if pays_overhead(name) else 0.0) + max(ratio, _MIN_FACTOR) * (
-            evaluate(cost, nranks, count, itemsize, alpha, beta, gamma, topo))
+        curve = corrections.get(name)
+        t = _between_points(curve, cost, nranks, nbytes, dtype, flat) if curve else None
+        if t is None:
+            t = max(value_at(curve, nbytes, 1.0), _MIN_FACTOR) * (
+                evaluate(cost, nranks, count, itemsize, alpha, beta, gamma, topo))
+        out[name] = (overhead if pays_overhead(name) else 0.0) + t
     return out
+
+
+def _between_points(curve, cost, nranks, nbytes, dtype, flat):
+    """The price of a size between two points of a measured curve at most
+    :data:`TIME_SPAN` apart: the times the curve gives at the two points (ratio x α-β-γ
+    cost there), interpolated log-log; None elsewhere (the ratio is interpolated then).
+
+    Interpolating the ratio multiplies it by the cost at the size between, whose shape
+    need not follow the measured times': shm's cost changes its steps above 4 KiB, and
+    the ratio of its 4 KiB point times the cost just above priced 16-40 KB calls at 8
+    ranks above the time measured at 64 KiB (1e4 floats +31-39 % in the auto score,
+    docs/results/auto-score.md).  Points far apart (a calibration's few sizes, a ratio
+    held over decades) leave the shape to the cost model."""
+    if not curve[0][0] < nbytes < curve[-1][0]:
+        return None
+    i = bisect.bisect_right(curve, [nbytes, math.inf])
+    (x0, _), (x1, _) = curve[i - 1], curve[i]
+    if x1 > TIME_SPAN * x0:
+        return None
+    times = []
+    for at, ratio in (curve[i - 1], curve[i]):
+        count = max(1, int(round(at / dtype.itemsize)))
+        beta, gamma = rates(flat, count, dtype)
+        times.append(max(ratio, _MIN_FACTOR) * evaluate(
+            cost, nranks, count, dtype.itemsize, flat["alpha"], beta, gamma,
+            topology_of(flat, beta)))
+    t0, t1 = times
+    if t0 <= 0.0 or t1 <= 0.0:
+        return None
+    return t0 * (t1 / t0) ** (math.log(nbytes / x0) / math.log(x1 / x0))
 
 
 def ranked(nranks, count, dtype, flat, exclude=()):
