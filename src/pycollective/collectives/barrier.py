@@ -76,9 +76,12 @@ def barrier(comm=None, *, timeout=_call.DEFAULT) -> None:
     p = ctx.peek(_KEY)
     if (p is None or p.epoch != _settings.epoch or p.thread != _threads.code()
             or (p.timeout is not timeout and p.timeout != timeout)):
-        p = ctx.put(_KEY, _prepare(ctx, comm, timeout))
-    _call.hold(ctx, "barrier", p.settings.timeout)
+        p = None
+        settings = _settings.resolve(timeout, comm_settings(comm).get("timeout", _call.DEFAULT))
+    _call.hold(ctx, "barrier", settings.timeout if p is None else p.settings.timeout)
     try:
+        if p is None:  # with the communicator held: the node group's first use is collective
+            p = ctx.put(_KEY, _prepare(ctx, settings, timeout))
         number = ctx.next_call()
         if p.group is not None:
             # The fast way: no call record unless a rank is late or called something else.
@@ -98,8 +101,7 @@ def barrier(comm=None, *, timeout=_call.DEFAULT) -> None:
         ctx.lock.release()
 
 
-def _prepare(ctx: Context, comm, timeout) -> _Prepared:
-    settings = _settings.resolve(timeout, comm_settings(comm).get("timeout", _call.DEFAULT))
+def _prepare(ctx: Context, settings, timeout) -> _Prepared:
     fp = _watch.fingerprint("barrier", 0, -1, -1, -1, settings)
     return _Prepared(_settings.epoch, timeout, _threads.code(), settings, fp,
                      _watch.fingerprint_words(fp), _watch.tag_offset(fp, _call.tag_ub(ctx)),
