@@ -285,6 +285,7 @@ def threads(algorithms, calls="60", shapes="same", check="on", first="none"):
                 count = 2000 + seed if shapes == "differ" else 2000
                 x = data(RANK, count) * scale
                 try:
+                    pycollective.barrier(comm)
                     out = pycollective.allreduce(x, np.empty_like(x), comm=comm, algorithm=algo)
                 except Exception as exc:  # noqa: BLE001
                     errors.append(f"{type(exc).__name__}: {exc}")
@@ -305,7 +306,8 @@ def threads(algorithms, calls="60", shapes="same", check="on", first="none"):
 def threads_turns(algorithms, checks="on"):
     """Threads that take turns on one communicator, started in the same order on every
     rank (so named alike): the main thread, a worker, the main thread, a second worker,
-    each with its own values.  Supported: every result must be right."""
+    each with its own values, a barrier before each call.  Supported: every result must
+    be right."""
     for check, algo in [(c, a) for c in checks.split(",") for a in algorithms.split(",")]:
         pycollective.set_check(check == "on")
         comm = WORLD.Dup()
@@ -316,6 +318,7 @@ def threads_turns(algorithms, checks="on"):
             for _ in range(calls):
                 x = data(RANK, 2000) * scale
                 try:
+                    pycollective.barrier(comm)
                     out = pycollective.allreduce(x, np.empty_like(x), comm=comm, algorithm=algo)
                 except Exception as exc:  # noqa: BLE001
                     errors.append(f"{type(exc).__name__}: {exc}")
