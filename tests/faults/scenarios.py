@@ -285,7 +285,6 @@ def threads(algorithms, calls="60", shapes="same", check="on", first="none"):
                 count = 2000 + seed if shapes == "differ" else 2000
                 x = data(RANK, count) * scale
                 try:
-                    pycollective.barrier(comm)
                     out = pycollective.allreduce(x, np.empty_like(x), comm=comm, algorithm=algo)
                 except Exception as exc:  # noqa: BLE001
                     errors.append(f"{type(exc).__name__}: {exc}")

@@ -100,8 +100,10 @@ ADVICE = ("calls on one communicator are paired across ranks by the name of the 
 
 
 def hint(mine: tuple, theirs: tuple) -> str:
-    """What to add to a mismatch of two fingerprints that differ in the thread only."""
-    if len(mine) > 8 and len(theirs) > 8 and mine[:8] == theirs[:8] and mine[8] != theirs[8]:
+    """What to add to a mismatch of two fingerprints of calls from different threads (whatever
+    else differs: a barrier of one thread paired with another's allreduce is the threads'
+    doing too)."""
+    if len(mine) > 8 and len(theirs) > 8 and mine[8] != theirs[8]:
         return (f": the calls come from different threads ({describe(mine[8])} and "
                 f"{describe(theirs[8])}); {ADVICE}")
     return ""
