@@ -74,7 +74,9 @@ def test_the_first_use_measurement_times_shm_after_its_trials():
     """The probe's untimed calls of shm above 1 MiB cover the ways' trials, so the times
     the model takes are those of the way the calls settle on."""
     from pycollective.collectives import probe
-    assert probe._WARM_WAYS >= Way.LAST_TRIAL
+    from pycollective.model.topology import Layout
+    own = Layout((2,), True, (2,), 2 << 20)  # a core per rank: the ways are timed
+    assert probe.shm_warm(own, 4 << 20) >= Way.LAST_TRIAL
 
 
 def test_the_first_use_measurement_s_largest_shm_call_takes_the_large_calls_way():

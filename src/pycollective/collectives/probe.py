@@ -61,7 +61,7 @@ from mpi4py import MPI
 
 from ..runtime import env as _env, machine as _machine, registry as _registry
 from ..runtime.root import bcast_from_root
-from ..node.group import DOUBLE_LIMIT, node_comm
+from ..node.group import node_comm
 from ..data import kernels as _kernels
 from ..data.kernels import get_kernel
 from ..model.choice import measured_ratio, rates
@@ -95,7 +95,6 @@ _FAR_PASSES = 2                               # passes over the region; the fast
 SHM_SIZES = (8, 4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 9 << 20)
 _WARM = 3                                     # untimed library calls of each size first
 _WARM_SMALL = 12                              # ... of each size up to MID (they settle later)
-_WARM_WAYS = 10                               # ... of shm above 1 MiB: its ways' trial calls
 _LIBRARY_REPS = 5                             # timed library calls of each size
 _LIBRARY_REPS_SMALL = 15                      # ... up to MID: short, and noisier per call
 _SMALL_STEPS = 8                              # exchanges per repetition of the small message
@@ -239,15 +238,23 @@ _FIELDS = ("t_small", "t_mid", "t_large", "g32_in", "g32_out", "g64_in", "g64_ou
            "ring_8", "ring_mid", "ring_large") + _SHM_FIELDS + ("agree_library",)
 
 
-def _library_times(comm, shm, crowded=False, layout=None):
+def shm_warm(layout, nbytes):
+    """Untimed calls of shm at ``nbytes`` before the probe times it: what any call of a new
+    size needs (:func:`_library_times`), and shm's own trials of its ways and stores
+    (``Algorithm.settling``), so that the times are those of the way and stores its calls
+    settle on (at N = 2 on the AMD VM the 256 KiB and 4 MiB calls timed during those
+    trials took 1.2-1.6x the settled ones)."""
+    base = _WARM_SMALL if nbytes <= MID else _WARM
+    return max(base, _registry.get("shm").settling_calls(layout, nbytes) + 1)
+
+
+def _library_times(comm, shm, layout):
     """``{field: [seconds]}``: this rank's times of the library's own calls (float32 sum, each call after a
     Barrier; ``times[field]`` a list of _LIBRARY_REPS, _LIBRARY_REPS_SMALL up to MID bytes) on a
     duplicate of ``comm`` (collective):
     ``allreduce(algorithm="ring")`` of 8 bytes, MID and LARGE, then, if ``shm``,
-    ``allreduce(algorithm="shm")`` at each of SHM_SIZES.  ``crowded``: the ranks
-    outnumber their cores (shm's calls above 1 MiB then try no ways).  ``layout``: the
-    ranks' layout, whose calls of shm that try ways and stores (``Algorithm.settling``)
-    are not timed.  :func:`measure` takes each
+    ``allreduce(algorithm="shm")`` at each of SHM_SIZES, after :func:`shm_warm`'s calls
+    for the ranks' ``layout``.  :func:`measure` takes each
     call's slowest rank, then the median of each field's calls, as a program sees its calls.
 
     A duplicate, because this runs inside the first automatic call on ``comm`` (its calls
@@ -267,19 +274,10 @@ def _library_times(comm, shm, crowded=False, layout=None):
 
     def reps(nbytes):
         return _LIBRARY_REPS_SMALL if nbytes <= MID else _LIBRARY_REPS
-    # shm's first calls of a size time its two ways above 1 MiB and, where every rank has
-    # a core, its two kinds of stores from 8 KiB, and the ranks settle on one of each
-    # (Algorithm.settling): the calls timed here come after them; at N = 2 on the AMD VM
-    # the 256 KiB and 4 MiB calls timed during those trials took 1.2-1.6x the settled ones
-    large = _WARM if crowded else _WARM_WAYS
-    shm_algo = _registry.get("shm")
-
-    def settle(n):
-        base = large if n > DOUBLE_LIMIT else warm(n)
-        return base if layout is None else max(base, shm_algo.settling_calls(layout, n) + 1)
     plan = [("ring_8", "ring", 8, warm(8)), ("ring_mid", "ring", MID, warm(MID)),
             ("ring_large", "ring", LARGE, 1)] + [
-        (field, "shm", n, settle(n)) for field, n in zip(_SHM_FIELDS, SHM_SIZES) if shm]
+        (field, "shm", n, shm_warm(layout, n)) for field, n in zip(_SHM_FIELDS, SHM_SIZES)
+        if shm]
     dup = comm.Dup()
     times = {}
     try:
@@ -334,8 +332,7 @@ def _local_measurements(comm, node, leaders, layout, shm):
     if leaders != MPI.COMM_NULL and leaders.Get_size() > 1:
         m["inter_small"] = _ring_time(leaders, SMALL, _SMALL_STEPS, _REPS)
         m["inter_large"] = _ring_time(leaders, LARGE, 1, _REPS)
-    crowded = layout.ranks_per_core > 1
-    return m, (_library_times(comm, shm, crowded, layout) if not layout.spans_nodes else {})
+    return m, (_library_times(comm, shm, layout) if not layout.spans_nodes else {})
 
 
 def _fit(m, nranks, layout):
