@@ -201,14 +201,9 @@ def _between_points(curve, cost, nranks, nbytes, dtype, flat):
     (x0, _), (x1, _) = curve[i - 1], curve[i]
     if x1 > TIME_SPAN * x0:
         return None
-    times = []
-    for at, ratio in (curve[i - 1], curve[i]):
-        count = max(1, int(round(at / dtype.itemsize)))
-        beta, gamma = rates(flat, count, dtype)
-        times.append(max(ratio, _MIN_FACTOR) * evaluate(
-            cost, nranks, count, dtype.itemsize, flat["alpha"], beta, gamma,
-            topology_of(flat, beta)))
-    t0, t1 = times
+    t0, t1 = (max(ratio, _MIN_FACTOR)
+              * model_time(cost, nranks, max(1, int(round(at / dtype.itemsize))), dtype, flat)
+              for at, ratio in (curve[i - 1], curve[i]))
     if t0 <= 0.0 or t1 <= 0.0:
         return None
     return t0 * (t1 / t0) ** (math.log(nbytes / x0) / math.log(x1 / x0))
