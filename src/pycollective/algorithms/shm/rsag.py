@@ -35,7 +35,7 @@ Two ranks, calls up to ``rsag_steps.WHOLE_BYTES`` (the control word ``WHOLE``): 
 posts its whole input and, after the one wait, folds the whole vector into ``dst``
 (operands in rank order, the same bits) and is done: no second target, no copy-out.  At
 N = 2 that reads as many bytes of the other's memory (M) as the sliced way, with one wait
-fewer.  A rank whose wait fails then takes its arrival back (``rsag_steps._withdraw``).
+fewer.  A rank whose wait fails then takes its arrival back (``FlagBarrier.withdraw``).
 
 Each rank reads about 2·M·(N-1)/N elements of the others' memory, where the
 small path's every-rank-reduces-all reads M·(N-1).  Every array is a 1-D

@@ -105,14 +105,6 @@ class RsagCall(NamedTuple):
     sides: int                # board side | slot parity << 1 | header side << 2 | STREAM
 
 
-def _withdraw(group, target):
-    """Take back this rank's arrival at ``target``, the one wait of a call that folds the
-    whole vector, before its error: a peer arriving later would otherwise fold this
-    rank's posted input and return as if the call had worked, where with two waits it
-    waits on this rank's second target and fails too."""
-    group.barrier.withdraw(target)
-
-
 class RepeatedRsag(_steps._Repeated):
     """The repeated call of one dtype and size through :func:`._rsag.step`."""
 
@@ -280,7 +272,10 @@ class RepeatedRsag(_steps._Repeated):
                     group.barrier.wait(target if phase == 1 else target + 1)  # the deadline
                 except BaseException:
                     if ctl[_rsag.WHOLE]:
-                        _withdraw(group, target)
+                        # the one wait of a call that folds the whole vector: a peer
+                        # arriving later would fold this rank's posted input and return as
+                        # if the call had worked (with two waits it fails on the second)
+                        group.barrier.withdraw(target)
                     raise
             else:  # WORDS_DIFFER: the full rows and headers, read alike by every rank
                 board = group.boards[sides & 1]
