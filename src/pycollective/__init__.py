@@ -11,7 +11,6 @@ package's layers, each importing only those below it, are described in
 """
 
 import logging
-from importlib import metadata as _metadata
 
 from .collectives.api import (allgather, allgatherv, allreduce, bcast, broadcast, reduce,
                               reduce_scatter)
@@ -34,10 +33,20 @@ __all__ = ["allreduce", "reduce_scatter", "allgather", "allgatherv", "reduce", "
            "CollectiveTimeout", "CollectiveMismatch", "PeerFailed", "CommunicatorBroken",
            "ConfigurationError", "ReplicaMismatch", "StallWarning", "DeviceMemoryError", "__version__"]
 
-try:
-    __version__ = _metadata.version("pycollective")
-except _metadata.PackageNotFoundError:  # running from a source tree that is not installed
-    __version__ = "0+unknown"
+
+def __getattr__(name):
+    """``__version__``, read from the installed package's metadata when first asked for:
+    importlib.metadata's lookup was a tenth of the import's time (docs/results/startup.md)."""
+    if name != "__version__":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import metadata
+    try:
+        version = metadata.version("pycollective")
+    except metadata.PackageNotFoundError:  # running from a source tree that is not installed
+        version = "0+unknown"
+    globals()["__version__"] = version
+    return version
+
 
 # A library logs; the application decides where that goes.
 logging.getLogger("pycollective").addHandler(logging.NullHandler())

@@ -39,7 +39,7 @@ additions any algorithm here makes; a tree makes only log2 N).
 import numpy as np
 from mpi4py import MPI
 
-from .data.kernels import BFLOAT16, float_info, from_two_bytes, is_float, to_two_bytes
+from .data.kernels import as_dtype, float_info, from_two_bytes, is_float, to_two_bytes
 from .data.ops import resolve_op
 
 __all__ = ["Cast", "FP16", "BF16", "resolve", "allreduce", "applies", "compress_for", "CHOICES"]
@@ -59,10 +59,30 @@ class Cast:
     """
 
     def __init__(self, name, wire, divide_first):
-        self.name, self.wire, self.divide_first = name, np.dtype(wire), bool(divide_first)
-        info = float_info(self.wire)
-        self.unit_roundoff = 2.0 ** -(info.nmant + 1)
-        self.half_subnormal = float(info.smallest_subnormal) / 2
+        self.name, self._wire, self.divide_first = name, wire, bool(divide_first)
+        self._info = None
+        if not (isinstance(wire, str) and wire == "bfloat16"):
+            self._float_info()  # a wire dtype that is not a float raises here, at once
+
+    @property
+    def wire(self) -> np.dtype:
+        """The dtype that travels, resolved on first use (bfloat16 imports ml_dtypes)."""
+        if not isinstance(self._wire, np.dtype):
+            self._wire = as_dtype(self._wire)
+        return self._wire
+
+    @property
+    def unit_roundoff(self) -> float:
+        return 2.0 ** -(self._float_info().nmant + 1)
+
+    @property
+    def half_subnormal(self) -> float:
+        return float(self._float_info().smallest_subnormal) / 2
+
+    def _float_info(self):
+        if self._info is None:
+            self._info = float_info(self.wire)
+        return self._info
 
     def __repr__(self):
         return f"<pycollective compression {self.name}: {self.wire.name} on the wire>"
@@ -120,7 +140,7 @@ class Cast:
 #: float16 on the wire, divided by N first (its range is small).
 FP16 = Cast("fp16", np.float16, divide_first=True)
 #: bfloat16 on the wire (float32's range: no division needed).
-BF16 = Cast("bf16", BFLOAT16, divide_first=False)
+BF16 = Cast("bf16", "bfloat16", divide_first=False)
 
 _BY_NAME = {"fp16": FP16, "float16": FP16, "bf16": BF16, "bfloat16": BF16}
 #: The names ``compress=`` accepts besides None and compressor objects.

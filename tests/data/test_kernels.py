@@ -254,3 +254,44 @@ def test_conversions_round_once(dtype, src):
         if dtype == BFLOAT16 and src == np.float32:  # ml_dtypes rounds float32 once, correctly
             assert np.array_equal(to_two_bytes(x, dtype).view(np.uint16)[4:],
                                   x.astype(dtype).view(np.uint16)[4:])
+
+
+def test_dtype_codes_follow_the_names_and_refuse_other_byte_orders():
+    from pycollective.data.kernels import DTYPE_NAMES, dtype_code
+    assert [dtype_code(d) for d in SUPPORTED_DTYPES] == list(range(len(DTYPE_NAMES)))
+    assert [str(d) for d in SUPPORTED_DTYPES] == list(DTYPE_NAMES)
+    for other in (np.dtype(">f4"), np.dtype(np.bool_), np.dtype(np.complex64), np.dtype("V2")):
+        assert dtype_code(other) == -1, other
+
+
+# In a fresh interpreter: importing pycollective and reducing other dtypes leaves ml_dtypes
+# unimported (its import costs more than the rest of pycollective's:
+# docs/results/startup.md); bfloat16 by name, as a compression and as a model's dtype
+# then works, importing it.
+_LAZY_BFLOAT16 = """
+import sys
+import numpy as np
+import pycollective
+from pycollective.data import kernels
+from pycollective.model import choose
+out = pycollective.allreduce(np.arange(5, dtype=np.float32), np.empty(5, np.float32))
+assert out.tolist() == [0, 1, 2, 3, 4], out
+assert not kernels.is_bfloat16(np.dtype(np.uint16)) and kernels.is_float("float16")
+assert "ml_dtypes" not in sys.modules, "imported before any bfloat16"
+x = np.linspace(-3, 3, 7, dtype=np.float32)
+got = pycollective.allreduce(x, np.empty_like(x), compress="bf16")
+assert np.array_equal(got, x.astype(kernels.BFLOAT16).astype(np.float32)), got
+assert "ml_dtypes" in sys.modules
+assert kernels.as_dtype("bfloat16") == kernels.BFLOAT16 and kernels.is_float("bfloat16")
+assert kernels.dtype_code(kernels.BFLOAT16) == kernels.DTYPE_NAMES.index("bfloat16")
+assert choose(4, 1000, "bfloat16")
+print("ok")
+"""
+
+
+def test_bfloat16_costs_nothing_until_a_bfloat16_is_used():
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-c", _LAZY_BFLOAT16], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]

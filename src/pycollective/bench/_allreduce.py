@@ -16,7 +16,7 @@ from ..collectives import api as _api
 from ..collectives import options as _opts
 from ..runtime.context import get_context
 from ._exact import compare, fill_exact
-from ..data.kernels import BFLOAT16
+from ..data.kernels import as_dtype, is_bfloat16
 from ..data.ops import MPI_OPS
 from ..runtime.root import bcast_from_root
 from ._timing import slowest, timed_call
@@ -40,7 +40,7 @@ __all__ = ["ALLREDUCE", "algorithm_case", "parse_args", "build_parser", "sweep_c
 # --- the allreduce collective ------------------------------------------------
 
 def _native(comm, sendbuf, recvbuf, op):
-    if recvbuf.dtype == BFLOAT16:
+    if is_bfloat16(recvbuf.dtype):
         # MPI has no bfloat16: reduce float32 copies natively and round back.
         # The exact data make that exact; the conversions are in its time.
         wide = (recvbuf if sendbuf is MPI.IN_PLACE else sendbuf).astype(np.float32)
@@ -189,7 +189,7 @@ def _options(p):
 
 def _check(args, parser, nranks):
     args.algorithms = expand_algorithms(args.algorithms)
-    itemsize = np.dtype(args.dtype).itemsize
+    itemsize = as_dtype(args.dtype).itemsize
     by_bytes = args.minbytes is not None or args.maxbytes is not None
     by_count = args.mincount is not None or args.maxcount is not None
     if by_bytes and by_count:
@@ -307,20 +307,20 @@ class _Beliefs:
 
     def pick(self, count, dtype, op):
         """Auto's decision for this shape, else the model's first choice."""
-        return self.state.choose(count, np.dtype(dtype), op) if self.nranks > 1 else None
+        return self.state.choose(count, as_dtype(dtype), op) if self.nranks > 1 else None
 
     def calibrated(self, count, dtype):
         """``{algorithm: seconds}`` that the model predicts (auto's exclusions left out)."""
         if self.nranks < 2:
             return {}
-        times = calibrated_times(self.nranks, count, np.dtype(dtype), self.flat)
+        times = calibrated_times(self.nranks, count, as_dtype(dtype), self.flat)
         return {n: t for n, t in times.items() if n not in self.state.exclude}
 
     def bare(self, name, count, dtype):
         """The bare alpha-beta-gamma cost with this N's scalar parameters."""
         if self.nranks < 2:
             return None
-        dtype = np.dtype(dtype)
+        dtype = as_dtype(dtype)
         try:
             return predict(name, self.nranks, count, alpha=self.flat["alpha"],
                            beta=self.flat["beta"], gamma=gamma_of(self.flat, dtype),
@@ -332,13 +332,13 @@ class _Beliefs:
         """Every algorithm's bare and calibrated prediction, and the choice, as comments."""
         calibrated = self.calibrated(count, dtype)
         pick = self.pick(count, dtype, op)
-        decided = self.state.decision(count, np.dtype(dtype), op) is not None
+        decided = self.state.decision(count, as_dtype(dtype), op) is not None
         everyone = list(dict.fromkeys(_opts.algorithms() + [n for n in names if n != "auto"]))
         rows = [(n, self.bare(n, count, dtype), calibrated.get(n)) for n in everyone]
         f = self.flat
-        lines = [f"# model for N={self.nranks}, M={count} {np.dtype(dtype).name} {op}: "
+        lines = [f"# model for N={self.nranks}, M={count} {as_dtype(dtype).name} {op}: "
                  f"alpha={f['alpha']:.3g} s, beta={f['beta']:.3g} s/B, "
-                 f"gamma={gamma_of(f, np.dtype(dtype)):.3g} s/B"
+                 f"gamma={gamma_of(f, as_dtype(dtype)):.3g} s/B"
                  + (f", between nodes alpha={f['inter'][0]:.3g} s, beta={f['inter'][1]:.3g} s/B"
                     if self.state.layout.spans_nodes else "")
                  + f" (from {f.get('source')})",
@@ -360,7 +360,7 @@ def _settle(comm, state, count, dtype, op, inplace):
     result compared bit for bit with native ``MPI_Allreduce``'s.  Returns
     ``{"calls", "time" (their total, the slowest rank's), "wrong"}`` (agreed).
     """
-    dtype = np.dtype(dtype)
+    dtype = as_dtype(dtype)
     send = np.empty(count, dtype)
     fill_exact(send, comm.Get_rank(), comm.Get_size(), op)
     expected = np.empty_like(send)
@@ -427,7 +427,7 @@ def compare_with_native(rows):
 def run(args, session):
     """Every requested algorithm at every size and mode; returns the measurement rows."""
     comm, nranks = session.comm, session.nranks
-    dtype = np.dtype(args.dtype)
+    dtype = as_dtype(args.dtype)
     names, reasons = usable(args.algorithms, session)
     state, previous = _install_beliefs(args, comm)
     predict = None

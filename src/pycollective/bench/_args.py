@@ -7,7 +7,7 @@ import numpy as np
 
 from ..collectives import options as _opts
 from ._exact import exact_values
-from ..data.kernels import SUPPORTED_DTYPES
+from ..data.kernels import DTYPE_NAMES, as_dtype
 from ..data.ops import MPI_OPS
 from ._units import count_arg
 
@@ -46,7 +46,7 @@ def positive_int(text):
 
 def add_data_options(p):
     """--dtype and --op, shared by the commands that time allreduce."""
-    dtypes = [d.name for d in SUPPORTED_DTYPES]
+    dtypes = list(DTYPE_NAMES)
     p.add_argument("--dtype", "-d", default="float32", choices=dtypes, metavar="DTYPE",
                    help=f"element type: {', '.join(dtypes)} (float32)")
     p.add_argument("--op", "-o", default="sum", choices=list(MPI_OPS), metavar="OP",
@@ -56,7 +56,7 @@ def add_data_options(p):
 def check_exact(parser, args, nranks):
     """An argument error when no exact data exist for this dtype, op and N."""
     try:
-        exact_values(0, 1, 0, nranks, np.dtype(args.dtype), args.op)
+        exact_values(0, 1, 0, nranks, as_dtype(args.dtype), args.op)
     except ValueError as exc:
         parser.error(str(exc))
 

@@ -20,6 +20,7 @@ import warnings
 import numpy as np
 from mpi4py import MPI
 
+from ..data.kernels import as_dtype
 from ..runtime import registry as _registry
 from ..runtime.root import bcast_from_root
 from ._table import format_rows
@@ -122,7 +123,7 @@ def cmd_table(args, out):
         return 0
 
     params = load_params(args.params)
-    dtype = np.dtype(args.dtype)
+    dtype = as_dtype(args.dtype)
     M = 10 ** 6 if args.M is None else args.M
     ns = args.N or sorted(int(n) for n in params.get("by_nranks") or {}) or [2, 4, 8]
     print(f"calibration: {params['source']}; M = {M} {dtype.name} elements", file=out)

@@ -25,7 +25,7 @@ from ..collectives import options as _opts
 from ..node.atomics import CAN_SLEEP
 from ..runtime.context import get_context
 from ._exact import compare, fill_exact
-from ..data.kernels import get_kernel
+from ..data.kernels import as_dtype, get_kernel
 from ..data.ops import MPI_OPS
 from ..data.partition import chunk_bounds
 from ..node.group import copy_in, copy_out, reduce_block, reduce_own_slice
@@ -287,7 +287,7 @@ def _breakdown_options(p):
 
 
 def _breakdown_check(args, parser, nranks):
-    small = [m for m in args.M if m * np.dtype(args.dtype).itemsize <= shm.REPLICATE_BYTES]
+    small = [m for m in args.M if m * as_dtype(args.dtype).itemsize <= shm.REPLICATE_BYTES]
     if small:
         parser.error(f"--M {small[0]}: the breakdown covers messages above "
                      f"{shm.REPLICATE_BYTES} bytes (smaller ones take one sync and no phases)")
@@ -304,7 +304,7 @@ def breakdown(args, session):
         session.skip("shm", reason)
         return []
     state = shm._state(get_context(comm))
-    dtype = np.dtype(args.dtype)
+    dtype = as_dtype(args.dtype)
     kernel = get_kernel(args.op, dtype)
     rows = []
     progress = session.progress(len(args.M))

@@ -21,6 +21,7 @@ from ._table import fmt_num, format_table
 from ._timing import idle_barrier
 from ._units import bytes_label, count_arg, size_arg
 from ..algorithms import ring_pipelined
+from ..data.kernels import as_dtype
 from ._allreduce import ALLREDUCE, algorithm_case, compare_with_native, usable
 from ._args import (add_algorithms_argument, add_data_options, check_exact, expand_algorithms,
                     positive_int, seconds_arg)
@@ -170,7 +171,7 @@ real call are not all there).
 def latency(args, session):
     """Piece rows (``kind="piece"``), then one measurement row per algorithm, size and agreement."""
     comm = session.comm
-    dtype = np.dtype(args.dtype)
+    dtype = as_dtype(args.dtype)
     names, _ = usable(args.algorithms, session)
     rows = [] if args.no_pieces else pieces(session, args.piece_time)
     cases = [algorithm_case(n) for n in names]
@@ -248,7 +249,7 @@ def segments(args, session):
     try:
         for count in args.M:
             got = compare_with_native(measure(
-                comm, ALLREDUCE, cases, count, np.dtype(args.dtype), args.op,
+                comm, ALLREDUCE, cases, count, as_dtype(args.dtype), args.op,
                 iters=args.iters, warmup=args.warmup))
             for r in got:
                 r["segment_bytes"] = segment_of.get(r["name"])

@@ -9,6 +9,7 @@ import operator
 
 import numpy as np
 
+from ..data.kernels import as_dtype
 from ..runtime import settings as _settings, watch as _watch
 from ..node import arrays as _arrays
 from .call import hold, resolve_comm
@@ -48,7 +49,7 @@ def shared_empty(shape, dtype=np.float32, *, comm=None):
     node's memory is held until every rank calls :func:`release` on its
     array, or ``comm`` is freed.
     """
-    dtype = np.dtype(dtype)
+    dtype = as_dtype(dtype)
     shape = ((operator.index(shape),) if isinstance(shape, (int, np.integer))
              else tuple(operator.index(s) for s in shape))
     if any(s < 0 for s in shape):

@@ -46,7 +46,7 @@ from .agree import Facts
 from .call import (AUTO, DEFAULT, FAMILY, Checked, call_collective, comm_shape, resolve_comm,
                    run_collective, settings_facts)
 from ..runtime.context import Context
-from ..data.kernels import SUPPORTED_DTYPES, get_kernel
+from ..data.kernels import DTYPE_NAMES, dtype_code, get_kernel
 from ..data.ops import OPS, resolve_op
 from ..data.partition import chunk_bounds
 from .. import timeline as _timeline
@@ -67,7 +67,7 @@ def _reducible(array, name):
     if array.dtype == _buffers.RAW:
         raise TypeError(f"unsupported dtype: {name} holds elements numpy has no name for "
                         "(a DLPack type such as bfloat16); pycollective reduces "
-                        + ", ".join(str(d) for d in SUPPORTED_DTYPES))
+                        + ", ".join(DTYPE_NAMES))
     return array
 
 
@@ -92,10 +92,6 @@ def _same_or_disjoint(src, dst):
     raise ValueError("sendbuf and recvbuf partially overlap")
 
 
-def _dtype_code(dtype):
-    return SUPPORTED_DTYPES.index(dtype) if dtype in SUPPORTED_DTYPES else -1
-
-
 # --- allreduce ----------------------------------------------------------------
 
 class _Allreduce(NamedTuple):
@@ -108,7 +104,7 @@ class _Allreduce(NamedTuple):
 
     def fingerprint(self, settings):
         algo = len(_registry.names()) if self.algo is None else _registry.index(self.algo.name)
-        return _watch.fingerprint("allreduce", self.dst.size, _dtype_code(self.dst.dtype),
+        return _watch.fingerprint("allreduce", self.dst.size, dtype_code(self.dst.dtype),
                                   OPS.index(self.opname), algo, settings)
 
     # What run_collective reads of a checked call (Checked's fields).
@@ -341,7 +337,7 @@ def reduce_scatter(sendbuf, recvbuf, op=MPI.SUM, *, counts=None, comm=None,
                  _algorithm_fact(what, algo))
         if counts is not None:
             facts += (_counts_fact(bounds),)
-        return Checked(what, algo, src.size, dst.dtype, _dtype_code(dst.dtype),
+        return Checked(what, algo, src.size, dst.dtype, dtype_code(dst.dtype),
                         OPS.index(opname), facts, (src, out, kernel, bounds))
 
     def one_rank(checked):
@@ -530,7 +526,7 @@ def reduce(sendbuf, recvbuf, op=MPI.SUM, *, root=0, comm=None, algorithm: str = 
         kernel = get_kernel(opname, src.dtype)
         facts = (("count", src.size), ("dtype", src.dtype.num), ("op", OPS.index(opname)),
                  _algorithm_fact("reduce", algo), ("root", where))
-        return Checked("reduce", algo, src.size, src.dtype, _dtype_code(src.dtype),
+        return Checked("reduce", algo, src.size, src.dtype, dtype_code(src.dtype),
                         OPS.index(opname), facts, (src, dst, kernel, where))
 
     def one_rank(checked):

@@ -50,6 +50,7 @@ from . import probe as _probe
 from .agree import agree_max, fact_values, needs_agreement, prepared, verdict
 from ..runtime.context import Context, Key
 from .._errors import CollectiveMismatch
+from ..data.kernels import as_dtype
 from ..data.ops import OPS
 from ..runtime.root import bcast_from_root
 from ..node.group import node_comm
@@ -187,11 +188,11 @@ class AutoState:
 
     def decision(self, count: int, dtype: np.dtype, opname: str) -> Optional[Decision]:
         """The decision for calls of this shape, or None while it is not taken."""
-        return self.decisions.get(self.key(count, np.dtype(dtype), opname))
+        return self.decisions.get(self.key(count, as_dtype(dtype), opname))
 
     def choose(self, count: int, dtype: np.dtype, opname: str) -> str:
         """What auto runs for this shape outside a trial: the decision, else the model's first."""
-        dtype = np.dtype(dtype)
+        dtype = as_dtype(dtype)
         found = self.decision(count, dtype, opname)
         return found.algorithm if found is not None else self.ranking(count, dtype)[0][0]
 
@@ -212,7 +213,7 @@ class AutoState:
                 return _registry.get(self._decide(key, dtype, Decision(
                     ranking[0][0], "model", count, {}, dict(ranking[:1]))).algorithm)
             trusted = _probe.trusted(ranking, self.params)
-            nbytes = count * np.dtype(dtype).itemsize
+            nbytes = count * as_dtype(dtype).itemsize
             tuner = Tuner(trusted, count, always=_layout_aware(self.layout),
                           settle={n: _registry.get(n).settling_calls(self.layout, nbytes)
                                   for n, _ in trusted})
@@ -356,7 +357,7 @@ class AutoState:
 
     def explain(self, count: int, dtype: np.dtype, opname: str) -> Sequence[str]:
         """Lines: the model's ranking, the candidates, and the decision (or the tuning so far)."""
-        dtype = np.dtype(dtype)
+        dtype = as_dtype(dtype)
         key = self.key(count, dtype, opname)
         lo, hi = class_bounds(key[0])
         lines = [f"layout: {self.layout.describe()}; auto mode: {self.mode}"

@@ -17,11 +17,10 @@ the algorithms' usability are cached per communicator.
 
 from typing import Dict
 
-import numpy as np
-
 from . import auto as _auto
 from ..runtime import registry as _registry
 from ..runtime.context import Context, Key
+from ..data.kernels import as_dtype
 from ..model.choice import rates
 
 __all__ = ["choose", "unusable"]
@@ -69,7 +68,7 @@ def choose(ctx: Context, collective: str, count: int, dtype) -> _registry.Algori
     Raises:
         ValueError: no registered algorithm of ``collective`` can run here.
     """
-    dtype = np.dtype(dtype)
+    dtype = as_dtype(dtype)
     state = ctx.cached(_KEY, _State)
     key = (collective, count, dtype.num)
     name = state.choices.get(key)

@@ -48,7 +48,7 @@ from ..data.buffers import (Fallback, Invalid, as_they_are, is_in_place, movable
                             reduction_dtype, spec_array, spec_datatype, spec_memory, vector_layout)
 # The public calls are looked up at each call (tests spy on them here).
 from ..collectives.api import allgather, allgatherv, allreduce, bcast, reduce, reduce_scatter
-from ..data.kernels import BFLOAT16, SUPPORTED_DTYPES, get_kernel
+from ..data.kernels import DTYPE_NAMES, get_kernel, is_bfloat16
 
 
 class _Plan(NamedTuple):
@@ -141,13 +141,13 @@ def _invalid_bcast(bad, comm, kw):
 
 def _unnamed(buf):
     """A numpy array of a dtype pycollective reduces but MPI cannot name (bfloat16)."""
-    return isinstance(buf, np.ndarray) and buf.dtype == BFLOAT16
+    return isinstance(buf, np.ndarray) and is_bfloat16(buf.dtype)
 
 
 # The predefined ops pycollective reduces, and the plain numpy dtypes it reduces (native
 # byte order; bfloat16 and the rest go the way of _allreduce_plan).
 _PLAIN_OPS = (MPI.SUM, MPI.MAX, MPI.MIN, MPI.PROD)
-_PLAIN_DTYPES = frozenset(d for d in SUPPORTED_DTYPES if d.kind in "fiu")
+_PLAIN_DTYPES = frozenset(np.dtype(name) for name in DTYPE_NAMES if name != "bfloat16")
 
 
 def plain_allreduce(sendbuf, recvbuf, op) -> bool:

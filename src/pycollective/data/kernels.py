@@ -30,39 +30,88 @@ all ranks even when partners combine operands in opposite orders:
 """
 
 import math
+import sys
 
-import ml_dtypes
 import numba
 import numpy as np
 
 from .ops import OPS
 
-__all__ = ["get_kernel", "SUPPORTED_DTYPES", "BFLOAT16", "FLOAT_DTYPES", "is_float",
-           "float_info", "to_two_bytes", "from_two_bytes"]
+__all__ = ["get_kernel", "DTYPE_NAMES", "SUPPORTED_DTYPES", "BFLOAT16", "FLOAT_DTYPES",
+           "bfloat16", "is_bfloat16", "dtype_code", "as_dtype", "is_float", "float_info",
+           "to_two_bytes", "from_two_bytes"]
 
-#: ``ml_dtypes.bfloat16`` as a numpy dtype (8 exponent bits like float32, 8 significant bits).
-BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+#: The dtypes pycollective reduces, by name.  Append only: a dtype's index is its code in
+#: fingerprints and message tags (:func:`dtype_code`).
+DTYPE_NAMES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64",
+               "uint8", "uint16", "uint32", "uint64", "bfloat16")
+_CODES = {np.dtype(name): code for code, name in enumerate(DTYPE_NAMES[:-1])}
+_BF16_CODE = len(DTYPE_NAMES) - 1
+_FLOATS = frozenset(np.dtype(name) for name in ("float16", "float32", "float64"))
+_bf16 = None
 
-# Append only: a dtype's index is its code in fingerprints and message tags.
-SUPPORTED_DTYPES = tuple(np.dtype(t) for t in (
-    "float16", "float32", "float64",
-    "int8", "int16", "int32", "int64",
-    "uint8", "uint16", "uint32", "uint64",
-)) + (BFLOAT16,)
 
-#: The floating dtypes among them (bfloat16's numpy kind is "V", not "f").
-FLOAT_DTYPES = (np.dtype("float16"), BFLOAT16, np.dtype("float32"), np.dtype("float64"))
+def bfloat16() -> np.dtype:
+    """``ml_dtypes.bfloat16`` as a numpy dtype (8 exponent bits like float32, 8 significant
+    bits), importing ml_dtypes on the first call.
+
+    Not at import: ml_dtypes 0.7's own import takes longer than the rest of pycollective's
+    (docs/results/startup.md), every rank of every job would pay it, and no bfloat16 array
+    can exist in a process before something imported ml_dtypes (:func:`is_bfloat16`)."""
+    global _bf16
+    if _bf16 is None:
+        import ml_dtypes
+        _bf16 = np.dtype(ml_dtypes.bfloat16)
+    return _bf16
+
+
+def is_bfloat16(dtype) -> bool:
+    """Whether the numpy dtype ``dtype`` is bfloat16; never imports ml_dtypes itself."""
+    if _bf16 is None and "ml_dtypes" not in sys.modules:
+        return False  # the dtype is ml_dtypes': without it there is none
+    return dtype == bfloat16()
+
+
+def dtype_code(dtype) -> int:
+    """The numpy dtype's index in :data:`DTYPE_NAMES`, -1 if pycollective does not reduce it
+    (a byte-swapped dtype included)."""
+    code = _CODES.get(dtype, -1)
+    return _BF16_CODE if code < 0 and is_bfloat16(dtype) else code
+
+
+def as_dtype(value) -> np.dtype:
+    """``np.dtype(value)``, where the name "bfloat16" works whether or not ml_dtypes (which
+    gives numpy that name) is imported yet."""
+    if isinstance(value, str) and value == "bfloat16":
+        return bfloat16()
+    return np.dtype(value)
+
+
+def __getattr__(name):
+    """``BFLOAT16``, ``SUPPORTED_DTYPES`` and ``FLOAT_DTYPES``, which hold ml_dtypes' bfloat16,
+    made when first asked for (:func:`bfloat16` says why not at import)."""
+    if name == "BFLOAT16":
+        return bfloat16()
+    if name == "SUPPORTED_DTYPES":  # in code order
+        return tuple(_CODES) + (bfloat16(),)
+    if name == "FLOAT_DTYPES":
+        return (np.dtype("float16"), bfloat16(), np.dtype("float32"), np.dtype("float64"))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def is_float(dtype) -> bool:
     """True for the floating dtypes pycollective reduces, bfloat16 included."""
-    return np.dtype(dtype) in FLOAT_DTYPES
+    dtype = as_dtype(dtype)
+    return dtype in _FLOATS or is_bfloat16(dtype)
 
 
 def float_info(dtype):
     """``np.finfo`` of a floating dtype, bfloat16 included (through ``ml_dtypes.finfo``)."""
-    dtype = np.dtype(dtype)
-    return ml_dtypes.finfo(dtype) if dtype == BFLOAT16 else np.finfo(dtype)
+    dtype = as_dtype(dtype)
+    if is_bfloat16(dtype):
+        import ml_dtypes
+        return ml_dtypes.finfo(dtype)
+    return np.finfo(dtype)
 
 
 _jit = numba.njit(cache=True, nogil=True)
@@ -344,15 +393,31 @@ def _widened(patterns_as):
         return patterns_as(np.arange(1 << 16, dtype=np.uint32)).astype(np.float64)
 
 
-# dtype -> (exponent bits, fraction bits, float64 value of every bit pattern)
+# dtype -> (exponent bits, fraction bits, float64 value of every bit pattern); bfloat16's
+# entry is made by _small_format on first use, with ml_dtypes.
 _SMALL_FORMATS = {
     np.dtype(np.float16): (5, 10, _widened(lambda p: p.astype(np.uint16).view(np.float16))),
-    BFLOAT16: (8, 7, _widened(lambda p: (p << 16).view(np.float32))),
 }
 
 
-with np.errstate(invalid="ignore"):  # NaN patterns stay NaN
-    _WIDE32 = {dtype: wide.astype(np.float32) for dtype, (_, _, wide) in _SMALL_FORMATS.items()}
+def _float32_table(wide):
+    with np.errstate(invalid="ignore"):  # NaN patterns stay NaN
+        return wide.astype(np.float32)
+
+
+_WIDE32 = {dtype: _float32_table(wide) for dtype, (_, _, wide) in _SMALL_FORMATS.items()}
+
+
+def _small_format(dtype):
+    """``_SMALL_FORMATS[dtype]`` for float16 and bfloat16 (KeyError for other dtypes)."""
+    found = _SMALL_FORMATS.get(dtype)
+    if found is None and is_bfloat16(dtype):
+        found = (8, 7, _widened(lambda p: (p << 16).view(np.float32)))
+        _WIDE32[dtype] = _float32_table(found[2])
+        _SMALL_FORMATS[dtype] = found
+    if found is None:
+        raise KeyError(dtype)
+    return found
 
 
 # float16 kernels on uint16 arrays, callable from other compiled code (the
@@ -392,7 +457,8 @@ def _half_kernel(fn):
 
 
 def _small_sum(dtype):
-    wide32, bf16 = _WIDE32[dtype], dtype == BFLOAT16
+    _small_format(dtype)
+    wide32, bf16 = _WIDE32[dtype], is_bfloat16(dtype)
 
     def kernel(a, b, out):
         _sum_small32(a.view(_U16), b.view(_U16), out.view(_U16), wide32, bf16)
@@ -400,7 +466,7 @@ def _small_sum(dtype):
 
 
 def _small_kernel(fn, dtype):
-    ebits, pbits, wide = _SMALL_FORMATS[dtype]
+    ebits, pbits, wide = _small_format(dtype)
 
     def kernel(a, b, out):
         fn(a.view(_U16), b.view(_U16), out.view(_U16), wide, ebits, pbits)
@@ -414,11 +480,11 @@ def to_two_bytes(src, dtype, divide=1.0):
     second rounding harmless), so dividing first costs no extra rounding.
     numpy's own float32 -> float16 cast is 5-10x slower on subnormals.
     """
-    dtype = np.dtype(dtype)
-    ebits, pbits, _ = _SMALL_FORMATS[dtype]
+    dtype = as_dtype(dtype)
+    ebits, pbits, _ = _small_format(dtype)
     out = np.empty(src.shape, dtype)
     if src.dtype == np.float32:
-        _narrow32(src.reshape(-1), out.reshape(-1).view(_U16), float(divide), dtype == BFLOAT16)
+        _narrow32(src.reshape(-1), out.reshape(-1).view(_U16), float(divide), is_bfloat16(dtype))
     else:
         _narrow_all(src.reshape(-1), out.reshape(-1).view(_U16), float(divide), ebits, pbits)
     return out
@@ -426,7 +492,7 @@ def to_two_bytes(src, dtype, divide=1.0):
 
 def from_two_bytes(buf, dtype, multiply=1.0, out=None):
     """The float16/bfloat16 ``buf`` times ``multiply``, rounded once to ``dtype`` (float32/64)."""
-    _, _, wide = _SMALL_FORMATS[buf.dtype]
+    _, _, wide = _small_format(buf.dtype)
     if out is None:
         out = np.empty(buf.shape, dtype)
     _widen_all(buf.reshape(-1).view(_U16), out.reshape(-1), float(multiply), wide)
@@ -436,7 +502,7 @@ def from_two_bytes(buf, dtype, multiply=1.0, out=None):
 def _build(op, dtype):
     if dtype == np.float16:
         kernel = _half_kernel(_HALF[op])
-    elif dtype in _SMALL_FORMATS:
+    elif is_bfloat16(dtype):
         kernel = _small_sum(dtype) if op == "sum" else _small_kernel(_SMALL[op], dtype)
     else:
         kernel = _NATIVE[op]
@@ -452,18 +518,17 @@ def get_kernel(op, dtype):
     """Return the warmed kernel for canonical op name ``op`` (one of ``OPS``) and ``dtype``.
 
     Raises:
-        TypeError: if ``dtype`` is not one of :data:`SUPPORTED_DTYPES`.
+        TypeError: if ``dtype`` is not one of :data:`DTYPE_NAMES`.
         ValueError: for an op name that is not one of ``OPS``.
     """
-    dtype = np.dtype(dtype)
+    dtype = as_dtype(dtype)
     key = (op, dtype)
     kernel = _cache.get(key)
     if kernel is None:
         if op not in OPS:
             raise ValueError(f"unknown op name {op!r}; expected one of {', '.join(OPS)}")
-        if dtype not in SUPPORTED_DTYPES or not dtype.isnative:
-            raise TypeError(
-                f"unsupported dtype {dtype}: pycollective reduces "
-                + ", ".join(str(d) for d in SUPPORTED_DTYPES))
+        if dtype_code(dtype) < 0:
+            raise TypeError(f"unsupported dtype {dtype}: pycollective reduces "
+                            + ", ".join(DTYPE_NAMES))
         kernel = _cache[key] = _build(op, dtype)
     return kernel

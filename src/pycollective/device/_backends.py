@@ -99,8 +99,8 @@ class TorchBackend(Backend):
                        torch.int32: np.int32, torch.int64: np.int64, torch.uint8: np.uint8,
                        torch.bool: np.bool_, torch.complex64: np.complex64,
                        torch.complex128: np.complex128}
-        from ..data.kernels import BFLOAT16
-        self.dtypes[torch.bfloat16] = BFLOAT16
+        from ..data.kernels import bfloat16
+        self.dtypes[torch.bfloat16] = bfloat16()
 
     def bind(self, obj, name):
         torch = self.torch

@@ -16,9 +16,8 @@ algorithms ranked first here before it settles (:mod:`pycollective.model.tuning`
 import bisect
 import math
 
-import numpy as np
-
 from ..runtime import registry as _registry
+from ..data.kernels import as_dtype
 from ..data.ops import resolve_op
 from .formulas import check_args
 from .params import ANY_DTYPE, load_params, params_for, value_at
@@ -130,7 +129,7 @@ def learned(flat, nranks, count, dtype, times):
     took 1.15-1.45x the time the 9 MiB rate gave before β followed the far copy out of
     the caches (docs/results/auto-score.md).  Pure; the same agreed times give every rank
     the same parameters."""
-    dtype = np.dtype(dtype)
+    dtype = as_dtype(dtype)
     if count * dtype.itemsize <= LEARN_FROM or nranks <= 1 or not times:
         return flat
     base = _corrections(flat)
@@ -247,7 +246,7 @@ def explain(nranks, count, dtype="float32", params=None, layout=None):
         ``{name: seconds}`` for every registered algorithm with a cost model,
         in registry order; ``min`` of it is what :func:`choose` returns.
     """
-    dtype = np.dtype(dtype)
+    dtype = as_dtype(dtype)
     params = _params_or_default(params)
     check_args(nranks, count, params["alpha"], params["beta"], params["gamma"], dtype.itemsize)
     return calibrated_times(int(nranks), int(count), dtype, params_for(params, nranks, layout))
@@ -287,7 +286,7 @@ def choose(nranks, count, dtype, op="sum", params=None, layout=None):
             has a cost model.
     """
     resolve_op(op)
-    dtype = np.dtype(dtype)
+    dtype = as_dtype(dtype)
     params = _params_or_default(params)
     check_args(nranks, count, params["alpha"], params["beta"], params["gamma"], dtype.itemsize)
     return fastest(int(nranks), int(count), dtype, params_for(params, nranks, layout))

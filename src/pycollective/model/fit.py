@@ -2,6 +2,7 @@
 
 import numpy as np
 
+from ..data.kernels import as_dtype
 from .choice import measured_ratio
 from .formulas import cost_of
 from .params import params_for
@@ -128,7 +129,7 @@ def fit_corrections(nranks, measured, params, dtype="float32", smooth=1, layout=
         has a cost model, sizes ascending.
     """
     flat = params_for({k: v for k, v in params.items() if k != "by_nranks"}, nranks, layout)
-    dtype = np.dtype(dtype)
+    dtype = as_dtype(dtype)
     o = measured["overhead"]
     out = {}
     for name, rows in measured["times"].items():

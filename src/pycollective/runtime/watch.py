@@ -43,7 +43,7 @@ from mpi4py import MPI
 from . import hosts as _hosts, settings as _settings, threads as _threads
 from .._errors import (CollectiveError, CollectiveMismatch, CollectiveTimeout, CommunicatorBroken,
                        PeerFailed, StallWarning)
-from ..data.kernels import SUPPORTED_DTYPES
+from ..data.kernels import DTYPE_NAMES
 from ..data.ops import OPS
 from .registry import names, reserve_tags
 from .. import timeline as _timeline
@@ -116,7 +116,7 @@ def _dtype_name(fp):
     """The dtype a fingerprint names (the gathers and bcast move bytes: an itemsize)."""
     if COLLECTIVES[fp[0]] in ("allgather", "allgatherv", "bcast"):
         return "bytes" if fp[2] < 0 else f"{fp[2]}-byte items"
-    return str(SUPPORTED_DTYPES[fp[2]]) if 0 <= fp[2] < len(SUPPORTED_DTYPES) else "?"
+    return DTYPE_NAMES[fp[2]] if 0 <= fp[2] < len(DTYPE_NAMES) else "?"
 
 
 def end(call: Call) -> None:
@@ -177,7 +177,7 @@ def describe(fp) -> str:
     elif name == "barrier":
         fields = []
     else:
-        fields = [f"count={count}", f"dtype={pick(SUPPORTED_DTYPES, dtype)}",
+        fields = [f"count={count}", f"dtype={pick(DTYPE_NAMES, dtype)}",
                   f"op={pick(OPS, op)}"]
     if algos:
         fields.append(f"algorithm={'auto' if algo == len(algos) else pick(algos, algo)}")

@@ -50,7 +50,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import compression as _compression
-from ..data.kernels import is_float
+from ..data.kernels import as_dtype, is_float
 from ..collectives.allocate import release, shared_empty
 from ..comm.dropin import Comm
 
@@ -118,7 +118,7 @@ class GradientBuckets:
         # compressing drop-in on the same handle.
         self._reducer = comm if compressor is None else Comm(
             comm, algorithm=getattr(comm, "algorithm", None), compress=compressor)
-        self.dtype = np.dtype(dtype)
+        self.dtype = as_dtype(dtype)
         self.shapes = [tuple(int(d) for d in np.atleast_1d(s)) for s in shapes]
         ntensors = len(self.shapes)
         order = list(reversed(range(ntensors))) if order is None else [int(i) for i in order]

@@ -46,7 +46,7 @@ from mpi4py import MPI
 
 from ..collectives import api as _collectives
 from .. import compression as _compression
-from ..data.kernels import BFLOAT16
+from ..data.kernels import bfloat16
 from ..data.partition import partition
 from ..comm.dropin import Comm
 from ..model.ledger import ring_sent
@@ -56,7 +56,7 @@ __all__ = ["Comms", "Traffic", "Pending"]
 # The dtypes the drop-in reduces through pycollective (mpi4py maps float16 to
 # MPI's C_FLOAT16 where the library has it; bfloat16 gets a datatype of
 # pycollective's own).
-_NAMEABLE = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.float64, BFLOAT16))
+_NAMEABLE = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.float64, bfloat16()))
 
 
 @dataclass

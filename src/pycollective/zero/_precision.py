@@ -18,12 +18,12 @@ step everywhere).
 
 import numpy as np
 
-from ..data.kernels import BFLOAT16
+from ..data.kernels import bfloat16
 
 __all__ = ["PRECISIONS", "working_dtype", "LossScaler", "scaler_for"]
 
 #: --precision name -> working dtype of parameters and gradients.
-PRECISIONS = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16), "bf16": BFLOAT16}
+PRECISIONS = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16), "bf16": bfloat16()}
 
 
 def working_dtype(precision):

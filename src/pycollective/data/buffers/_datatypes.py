@@ -6,7 +6,7 @@ import threading
 from mpi4py import MPI
 from mpi4py.util import dtlib
 
-from ..kernels import BFLOAT16, SUPPORTED_DTYPES
+from ..kernels import bfloat16, dtype_code
 from ..ops import predefined_name, resolve_op
 
 logger = logging.getLogger("pycollective")
@@ -66,7 +66,7 @@ def reduction_dtype(datatype):
     if datatype == MPI.DATATYPE_NULL:
         return None, "datatype MPI.DATATYPE_NULL"
     if _bfloat16 and datatype == _bfloat16[0]:
-        return BFLOAT16, None
+        return bfloat16(), None
     if not datatype.is_predefined:
         return None, "derived datatype"
     name = _name(datatype)
@@ -76,7 +76,7 @@ def reduction_dtype(datatype):
             dtype = dtlib.to_numpy_dtype(datatype)
         except Exception:  # noqa: BLE001  (any datatype numpy cannot describe)
             dtype = None
-        if dtype is not None and dtype in SUPPORTED_DTYPES and dtype.isnative:
+        if dtype is not None and dtype_code(dtype) >= 0:
             result = dtype, None
         elif dtype is not None:
             result = None, f"datatype {name} ({dtype}) has no pycollective kernel"

@@ -6,7 +6,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 from mpi4py import MPI
 
-from ..kernels import BFLOAT16
+from ..kernels import is_bfloat16
 from ._common import RAW, Invalid
 from ._datatypes import bfloat16_datatype
 from ._dlpack import dlpack_device
@@ -83,7 +83,7 @@ _by_code = {}  # numpy type code -> MPI datatype (predefined: never changes)
 def _datatype_of(mem: np.ndarray) -> MPI.Datatype:
     if mem.dtype == RAW:
         return MPI.BYTE
-    if mem.dtype == BFLOAT16:
+    if is_bfloat16(mem.dtype):
         return bfloat16_datatype()
     code = mem.dtype.char
     datatype = _by_code.get(code)
