@@ -200,6 +200,23 @@ def test_two_threads_with_different_calls_raise_never_wrong_data(tmp_path, check
             assert outcome != "wrong" and text.startswith("0 wrong"), text
 
 
+def test_one_threads_barrier_against_anothers_allreduce_names_the_threads(tmp_path):
+    """A barrier pairs with no allreduce: every rank raises, and where the allreduce's
+    agreement step finds a rank missing (no facts to compare but the call numbers), the
+    error still names this process's threads and comm.Dup()."""
+    status, results, output, _ = launch(tmp_path, 4, "threads", "ring,shm", "20", "barrier")
+    assert status == 0, output[-3000:]
+    for algo in ("ring", "shm"):
+        got = outcomes(results, f"threads:{algo}")
+        assert set(got) == {0, 1, 2, 3}, output[-3000:]
+        for outcome, text in got.values():
+            assert outcome in ("ok", "CollectiveMismatch", "CommunicatorBroken"), (algo, text)
+            assert text.startswith("0 wrong"), (algo, text)
+            if outcome == "CollectiveMismatch":
+                assert "thread" in text and "Dup()" in text, (algo, text)
+        assert any(outcome == "CollectiveMismatch" for outcome, _ in got.values()), got
+
+
 @pytest.mark.parametrize("check,first", [("on", "none"), ("off", "main")])
 def test_two_threads_with_their_own_values_never_get_wrong_sums(tmp_path, check, first):
     """Same shape, different values per thread (issue 34): a call of thread A on one rank

@@ -257,7 +257,8 @@ def threads(algorithms, calls="60", shapes="same", check="on", first="none"):
     raise, never return wrong data or crash.  With ``shapes=values`` they
     have the same shape but each thread reduces its own values (``x * (k +
     1)`` in thread k): a pairing of two threads' calls that is not refused
-    returns the wrong sum.  ``first=main``: one call on the main thread first.
+    returns the wrong sum.  ``shapes=barrier``: the second thread calls barriers instead.
+    ``first=main``: one call on the main thread first.
     """
     calls = int(calls)
     pycollective.set_check(check == "on")
@@ -285,6 +286,9 @@ def threads(algorithms, calls="60", shapes="same", check="on", first="none"):
                 count = 2000 + seed if shapes == "differ" else 2000
                 x = data(RANK, count) * scale
                 try:
+                    if shapes == "barrier" and seed == 1:
+                        pycollective.barrier(comm)
+                        continue
                     out = pycollective.allreduce(x, np.empty_like(x), comm=comm, algorithm=algo)
                 except Exception as exc:  # noqa: BLE001
                     errors.append(f"{type(exc).__name__}: {exc}")

@@ -108,7 +108,7 @@ def verdict(ctx, what: str, error: Optional[BaseException], facts: Optional[Fact
             f"{what} call #{call.number if call else '?'} on {ctx.label}: not every rank is in "
             f"this call's agreement step (call numbers from {-values[1]} to {values[0]} across "
             "ranks): a rank has the agreement off (set_check / PYCOLLECTIVE_CHECK) or skipped "
-            "or added a call", collective=what, comm=ctx.label)
+            f"or added a call{_threads.seen_hint()}", collective=what, comm=ctx.label)
         if call is not None:
             raise _watch.fail(call, exc)
         raise exc

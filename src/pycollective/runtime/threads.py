@@ -32,7 +32,7 @@ import hashlib
 import threading
 from typing import Dict
 
-__all__ = ["LABEL", "code", "pairing", "describe", "tag_bits", "hint"]
+__all__ = ["LABEL", "code", "pairing", "describe", "tag_bits", "hint", "seen_hint"]
 
 #: The agreement fact's label.
 LABEL = "the calling thread's name"
@@ -107,3 +107,14 @@ def hint(mine: tuple, theirs: tuple) -> str:
         return (f": the calls come from different threads ({describe(mine[8])} and "
                 f"{describe(theirs[8])}); {ADVICE}")
     return ""
+
+
+def seen_hint() -> str:
+    """What to add to an error that a rank in another call explains, where this process has
+    called from more than one thread: the other call may be another thread's (a barrier of
+    one thread against another's allreduce leaves no fact to compare but the call numbers)."""
+    if len(_names) < 2:
+        return ""
+    names = sorted(repr(name) for name in _names.values())
+    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    return f"; this process has called from several threads ({shown}): {ADVICE}"
