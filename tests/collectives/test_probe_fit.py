@@ -55,3 +55,32 @@ def test_a_size_not_timed_keeps_its_price_from_syncs_and_copies():
     priced = _priced_times(entry, 8, LAYOUT)
     assert np.isclose(priced[65536], m["shm_65536"], rtol=1e-9)  # only 1 MiB above it now
     assert priced[262144] > 0
+
+
+# A score run at 2 ranks with a core each (AMD VM, 2026-12-07, run C of
+# docs/results/auto-score.md): every 256 KiB shm call of the measurement took as long
+# as the 1 MiB ones (163 against 170 us; 58 against 163 in the run before).
+TWO_OWN_CORES = {
+    "t_small": 5.001e-06, "t_mid": 2.13e-05, "t_large": 0.0005887, "g32_in": 6.284e-11,
+    "g32_out": 1.138e-10, "g64_in": 6.284e-11, "g64_out": 1.138e-10, "copy": 9.923e-11,
+    "copy_far": 1.595e-10, "far_region": 6.711e+07, "barrier": 5.415e-06, "agree": 6.892e-06,
+    "inter_small": 0, "inter_large": 0, "ring_8": 9.667e-05, "ring_mid": 0.0001472,
+    "ring_large": 0.001199, "shm_8": 8.025e-06, "shm_4096": 8.185e-06, "shm_65536": 1.84e-05,
+    "shm_262144": 0.0001631, "shm_1048576": 0.0001698, "shm_4194304": 0.001188,
+    "shm_9437184": 0.002674, "agree_library": 1.169e-05}
+
+
+def test_with_a_core_per_rank_shm_above_64_kib_is_held_per_byte_to_the_next_size():
+    layout = Layout((2,), cores=(2,))
+    entry = _probe._fit(dict(TWO_OWN_CORES), 2, layout)
+    priced = _priced_times(entry, 2, layout)
+    m, hold = TWO_OWN_CORES, _probe.PER_BYTE_HOLD
+    want = m["shm_8"] + (m["shm_1048576"] - m["shm_8"]) * 262144 / 1048576 * hold
+    assert np.isclose(priced[262144], want, rtol=1e-9) and want < 0.5 * m["shm_262144"]
+    for nbytes in _probe.SHM_SIZES:  # the rest as measured: their time per byte is in bounds
+        if nbytes != 262144:
+            assert np.isclose(priced[nbytes], m[f"shm_{nbytes}"], rtol=1e-9), nbytes
+    # ranks sharing cores: their calls' times are the scheduler's, not held per byte
+    shared = Layout((2,), cores=(1,))
+    priced = _priced_times(_probe._fit(dict(TWO_OWN_CORES), 2, shared), 2, shared)
+    assert np.isclose(priced[262144], m["shm_262144"], rtol=1e-9)

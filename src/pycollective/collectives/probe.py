@@ -72,12 +72,13 @@ from .agree import agree_max
 __all__ = ["VERSION", "machine_facts", "cache_file", "measure", "machine_params",
            "SMALL", "MID", "LARGE", "KERNEL_IN", "KERNEL_OUT"]
 
-VERSION = 8  # 2: the library's own ring and shm calls timed; 3: shm's after its ways' trials,
+VERSION = 9  # 2: the library's own ring and shm calls timed; 3: shm's after its ways' trials,
              # the library's ring of MID bytes; 4: shm's ratios hold its agreement;
              # 5: shm at 256 KiB and 4 MiB too; 6: the copy rate out of the caches;
              # 7: shm's times held to the larger sizes'; its step at N = 2 up to 4 KiB;
-             # 8: shm's after its stores' trials too
+             # 8: shm's after its stores' trials too; 9: shm above 64 KiB held per byte
 SMALL, MID, LARGE = 8, 64 << 10, 4 << 20      # bytes of the ring messages
+PER_BYTE_HOLD = 1.5  # shm above MID: at most this times the next larger size's time per byte
 KERNEL_IN, KERNEL_OUT = 64 << 10, 8 << 20     # bytes reduced: in a core's cache, from memory
 _REPS = 3                                     # repetitions; the minimum counts
 # The copy out of the caches: every rank of a node copies 8 MiB blocks within a region of
@@ -422,6 +423,7 @@ def _shm_ratio(m, nranks, entry, layout):
                       nranks, layout)
     cost, f32 = _registry.get("shm").cost, np.dtype(np.float32)
     curve, below = [], float("inf")
+    fixed, larger = m[f"shm_{SHM_SIZES[0]}"], None  # the smallest call's time; (bytes, s)
     for nbytes in reversed(SHM_SIZES):
         count = nbytes // 4
         seconds = m[f"shm_{nbytes}"]
@@ -430,6 +432,15 @@ def _shm_ratio(m, nranks, entry, layout):
             # all met a busy scheduler (ranks sharing cores; N = 8, 64 KiB: 1.25 ms where
             # 256 KiB took 0.86) is held to the larger sizes' time
             seconds = below = min(seconds, below)
+            if (larger is not None and fixed and nbytes > MID
+                    and layout.ranks_per_core <= 1):
+                # and, above MID, where the same steps serve both sizes, its time per byte
+                # beyond the smallest call's to at most PER_BYTE_HOLD times the next larger
+                # size's: at N = 2 a 256 KiB pass took 163 us, as long as the 1 MiB one
+                # (58 us in the launch before), and priced 1e5 floats +115 %
+                at_most = fixed + (larger[1] - fixed) * nbytes / larger[0] * PER_BYTE_HOLD
+                seconds = below = min(seconds, max(at_most, fixed))
+            larger = (nbytes, seconds)
         else:
             seconds = cost(nranks, count, 4, m["barrier"], m["copy"], rates(flat, count, f32)[1])
         curve.append([float(nbytes), measured_ratio("shm", seconds, nranks, count, f32, flat,
