@@ -124,6 +124,32 @@ def test_the_drop_in_barrier_is_the_librarys():
         comm.Free()
 
 
+@pytest.mark.mpi(min_size=2)
+def test_a_repeated_barrier_takes_its_shortcut_only_while_it_holds(monkeypatch):
+    """A barrier on the communicator object of the barrier before skips finding its
+    context and prepared call; another communicator, another timeout argument, a freed
+    communicator each go the whole way (and nobody leaves early on either way)."""
+    a, b = WORLD.Dup(), WORLD.Dup()
+    pycollective.barrier(a)
+    real = _barrier.get_context
+
+    def no_lookup(comm):
+        raise AssertionError("the repeated barrier looked its context up")
+    monkeypatch.setattr(_barrier, "get_context", no_lookup)
+    arrived, left = _arrivals_then_leave(a, 0.02)  # the shortcut: no get_context
+    assert min(left) >= max(arrived), (arrived, left)
+    monkeypatch.setattr(_barrier, "get_context", real)
+    for comm, timeout in ((b, _barrier._call.DEFAULT), (a, 30.0), (a, 30.0), (b, 30.0)):
+        pycollective.barrier(comm, timeout=timeout)
+        assert _barrier._last[0] is comm and _barrier._last[2].timeout == timeout
+    arrived, left = _arrivals_then_leave(a, 0.02)
+    assert min(left) >= max(arrived), (arrived, left)
+    a.Free()
+    with pytest.raises(ValueError, match="COMM_NULL"):
+        pycollective.barrier(a)
+    b.Free()
+
+
 def test_one_rank_and_bad_arguments():
     pycollective.barrier(MPI.COMM_SELF)
     with pytest.raises(ValueError, match="timeout"):
