@@ -207,14 +207,22 @@ def test_one_threads_barrier_against_anothers_allreduce_names_the_threads(tmp_pa
     status, results, output, _ = launch(tmp_path, 4, "threads", "ring,shm", "20", "barrier")
     assert status == 0, output[-3000:]
     for algo in ("ring", "shm"):
-        got = outcomes(results, f"threads:{algo}")
-        assert set(got) == {0, 1, 2, 3}, output[-3000:]
-        for outcome, text in got.values():
-            assert outcome in ("ok", "CollectiveMismatch", "CommunicatorBroken"), (algo, text)
-            assert text.startswith("0 wrong"), (algo, text)
-            if outcome == "CollectiveMismatch":
-                assert "thread" in text and "Dup()" in text, (algo, text)
+        got = _right_or_refused_naming_the_threads(results, algo, output)
         assert any(outcome == "CollectiveMismatch" for outcome, _ in got.values()), got
+
+
+def _right_or_refused_naming_the_threads(results, algo, output):
+    """The threads scenario's outcome on every rank for ``algo``: no wrong sum, and each
+    refusal a mismatch that names the threads and comm.Dup() (or the broken communicator
+    after it)."""
+    got = outcomes(results, f"threads:{algo}")
+    assert set(got) == {0, 1, 2, 3}, output[-3000:]
+    for outcome, text in got.values():
+        assert outcome in ("ok", "CollectiveMismatch", "CommunicatorBroken"), (algo, text)
+        assert text.startswith("0 wrong"), (algo, text)
+        if outcome == "CollectiveMismatch":
+            assert "thread" in text and "Dup()" in text, (algo, text)
+    return got
 
 
 @pytest.mark.parametrize("check,first", [("on", "none"), ("off", "main")])
@@ -228,13 +236,7 @@ def test_two_threads_with_their_own_values_never_get_wrong_sums(tmp_path, check,
                                         "values", check, first)
     assert status == 0, output[-3000:]
     for algo in ("ring", "shm", "tree"):
-        got = outcomes(results, f"threads:{algo}")
-        assert set(got) == {0, 1, 2, 3}, output[-3000:]
-        for outcome, text in got.values():
-            assert outcome in ("ok", "CollectiveMismatch", "CommunicatorBroken"), (algo, text)
-            assert text.startswith("0 wrong"), (algo, text)
-            if outcome == "CollectiveMismatch":
-                assert "thread" in text and "Dup()" in text, (algo, text)
+        _right_or_refused_naming_the_threads(results, algo, output)
 
 
 def test_exit_with_requests_in_flight_is_clean(tmp_path):
