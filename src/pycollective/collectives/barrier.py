@@ -72,8 +72,7 @@ def barrier(comm=None, *, timeout=_call.DEFAULT) -> None:
     global _last
     last = _last
     fast = (last is not None and last[0] is comm and last[1].version == last[3]
-            and last[2].epoch == _settings.epoch and last[2].timeout is timeout
-            and last[2].thread == _threads.code())
+            and _holds(last[2], timeout))
     if fast:
         # the barrier before on the same communicator object, nothing since replaced or
         # freed its state (the context's version): its context and prepared call, without
@@ -87,8 +86,7 @@ def barrier(comm=None, *, timeout=_call.DEFAULT) -> None:
             return
         ctx = get_context(comm)
         p = ctx.peek(_KEY)
-        if (p is None or p.epoch != _settings.epoch or p.thread != _threads.code()
-                or (p.timeout is not timeout and p.timeout != timeout)):
+        if p is None or not _holds(p, timeout):
             p = None
             settings = _settings.resolve(timeout,
                                          comm_settings(comm).get("timeout", _call.DEFAULT))
@@ -115,6 +113,12 @@ def barrier(comm=None, *, timeout=_call.DEFAULT) -> None:
             _watch.end(call)
     finally:
         ctx.lock.release()
+
+
+def _holds(p: _Prepared, timeout) -> bool:
+    """Whether the prepared call ``p`` serves a barrier with ``timeout`` from this thread now."""
+    return (p.epoch == _settings.epoch and p.thread == _threads.code()
+            and (p.timeout is timeout or p.timeout == timeout))
 
 
 def _prepare(ctx: Context, settings, timeout) -> _Prepared:
