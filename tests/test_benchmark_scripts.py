@@ -139,8 +139,17 @@ def test_loop_times_a_repeated_call_and_checks_it():
 
 def test_ways_comparison_runs_every_way(tmp_path):
     """benchmarks/shm/ways.py: slots, single copy and the chosen way in one launch, checked."""
-    output = _two_ranks("shm/ways.py", "--count", "3e5", "--rounds", "1", "--calls", "2")
-    assert re.search(r"^\s+300000(\s+\S+){5}$", output, re.M), output[-3000:]
+    output = _two_ranks("shm/ways.py", "--count", "1.1e6", "--rounds", "1", "--calls", "2")
+    assert re.search(r"^\s+1100000(\s+\S+){5}$", output, re.M), output[-3000:]
+
+
+def test_sizes_comparison_times_each_count_and_checks_it():
+    """benchmarks/shm/sizes.py: a count below and one above DOUBLE_LIMIT, checked."""
+    output = _two_ranks("shm/sizes.py", "--count", "1000", "1.1e6", "--rounds", "1",
+                        "--calls", "2", "--warm", "2")
+    assert re.search(r"^\s+1100000\s+4296\.9 KiB\s+\S+\s+\| \S+ us/KiB$", output, re.M), \
+        output[-3000:]
+    assert "wrong results: 0" in output, output[-3000:]
 
 
 def test_auto_score_writes_its_summary(tmp_path):

@@ -38,7 +38,7 @@ NOT_AT_8 = ("bench/test_bench.py", "bench/test_bench_commands.py", "bench/test_c
             "comm/test_comm.py", "comm/test_comm_collectives.py", "device/test_device.py",
             "training/test_example.py", "training/test_training.py",
             "algorithms/test_shm_mid.py::test_every_compiled_dtype_and_op_exact",
-            "algorithms/test_shm_mid.py::test_slot_path_above_1mib_right_with_either_kind_of_stores",
+            "algorithms/test_shm_mid.py::test_slot_path_above_the_double_limit_right_with_either_kind_of_stores",
             "algorithms/test_shm_mid.py::test_waits_handed_back_to_python_resume_every_phase",
             "algorithms/test_rsag.py",
             "algorithms/test_algorithms.py::test_shm_large_paths",

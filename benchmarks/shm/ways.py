@@ -1,8 +1,8 @@
-"""shm above 1 MiB per rank: the slots, the single copy, and the way the calls choose, interleaved.
+"""shm above ``DOUBLE_LIMIT`` (4 MiB) per rank: the slots, the single copy, and the way the calls choose, interleaved.
 
-    scripts/run_mpi.sh 2 benchmarks/shm/ways.py --count 3e5 1e6 2e6 4e6
+    scripts/run_mpi.sh 2 benchmarks/shm/ways.py --count 1.1e6 2e6 4e6
 
-One launch, three communicators: on one every call above 1 MiB goes through the
+One launch, three communicators: on one every call above the limit goes through the
 node's slots, on one by single copy (``shm.ways.FORCE_WAY`` pinned while its
 calls run), and on the third the calls choose as a program's do (each size's
 first calls try both ways, then every rank takes the one the slowest rank found
@@ -47,7 +47,7 @@ def _timed(comm, send, out, calls, force):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--count", type=float, nargs="+", default=[3e5, 1e6, 2e6, 4e6])
+    parser.add_argument("--count", type=float, nargs="+", default=[1.1e6, 2e6, 4e6])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--calls", type=int, default=15)
     args = parser.parse_args()

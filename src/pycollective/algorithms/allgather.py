@@ -22,12 +22,12 @@ Cost, c = ceil(M/N)·s bytes, g = ceil(c/S): ring (N-1)·(α + c·β);
 pipelined (N-1+g-1)·α + (c + (N-2)·c/g)·β.
 
 "shm": one node.  Every rank's block is reachable by the others (copied into
-its slot of a shared segment, or, above 1 MiB where the system allows
+its slot of a shared segment, or, above 4 MiB where the system allows
 cross-memory reads, read from the owner's buffer with ``process_vm_readv``);
 one sync; each rank copies the other N-1 blocks into place; a last sync
-keeps every block in place until all have read it (below 1 MiB the slots
+keeps every block in place until all have read it (below 4 MiB the slots
 alternate between two regions instead).
-Cost, f = (N-1)/N, m = M·s: (1 + [m > 1 MiB])·⌈log2 N⌉·α + (f·m + m/N)·β.
+Cost, f = (N-1)/N, m = M·s: (1 + [m > 4 MiB])·⌈log2 N⌉·α + (f·m + m/N)·β.
 """
 
 import math

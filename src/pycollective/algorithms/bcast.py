@@ -23,14 +23,14 @@ allgather completes every buffer; the root, which has every block, only
 sends in it.  Cost: 2(N-1)·α + 2·(N-1)/N·m·β -- the root sends each byte
 about once instead of ⌈log2 N⌉ times.
 
-"shm": one node.  Above 1 MiB, where the system allows cross-memory reads,
+"shm": one node.  Above 4 MiB, where the system allows cross-memory reads,
 the root publishes its buffer's address and every other rank reads it with
 ``process_vm_readv`` (one copy, all at once), then a sync keeps it in place
 until all have read.  Otherwise the buffer goes through the root's slot of a
-shared segment, in pieces of at most 1 MiB: the root copies a piece in, one
+shared segment, in pieces of at most 4 MiB: the root copies a piece in, one
 sync, the others copy it out; pieces alternate between two regions, so the
 root fills the next while the others still read the last.
-Cost: (1 + [m > 1 MiB])·⌈log2 N⌉·α + m·β (the reads run in parallel).
+Cost: (1 + [m > 4 MiB])·⌈log2 N⌉·α + m·β (the reads run in parallel).
 """
 
 import math

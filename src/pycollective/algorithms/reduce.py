@@ -20,13 +20,13 @@ and reduces only (N-1)/N of the vector: cost (N-1)·(α + c·β) + (N-1)·c·γ
 for the reduce-scatter plus (N-1)·(α + c·β) at the root, c = ceil(M/N)·s.
 
 "shm": one node.  Every rank's input is reachable by the others (staged in
-its slot of a shared segment, or above 1 MiB where the system allows
+its slot of a shared segment, or above 4 MiB where the system allows
 cross-memory reads, read where it is); one sync; rank q combines block q
 of all N inputs, in rank order, into its slot (or its scratch, published);
 one sync; the root copies the N-1 other blocks into ``dst``; a last sync
-keeps everything in place until the root has read it (below 1 MiB the slots
+keeps everything in place until the root has read it (below 4 MiB the slots
 alternate between two regions instead).
-Cost, f = (N-1)/N, m = M·s: (2 + [m > 1 MiB])·⌈log2 N⌉·α + 2·f·m·β + f·m·γ.
+Cost, f = (N-1)/N, m = M·s: (2 + [m > 4 MiB])·⌈log2 N⌉·α + 2·f·m·β + f·m·γ.
 """
 
 import math

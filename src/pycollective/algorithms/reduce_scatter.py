@@ -30,12 +30,12 @@ ring (N-1)·(α + c·β) + (N-1)·c·γ; pipelined adds (g-1)·α of extra
 messages and hides (N-2)·(g-1)/g·c·min(β, γ) of reduction behind transfers.
 
 "shm": one node.  Every rank's input is reachable by the others (staged in
-its slot of a shared segment, or, above 1 MiB where the system allows
+its slot of a shared segment, or, above 4 MiB where the system allows
 cross-memory reads, read where it is with ``process_vm_readv``); one sync;
 rank r combines block r of all N inputs, in rank order, straight into
 ``out``; a last sync keeps every input in place until all have read it
-(below 1 MiB the slots alternate between two regions instead).
-Cost, f = (N-1)/N, m = M·s: (1 + [m > 1 MiB])·⌈log2 N⌉·α + f·m·β + f·m·γ.
+(below 4 MiB the slots alternate between two regions instead).
+Cost, f = (N-1)/N, m = M·s: (1 + [m > 4 MiB])·⌈log2 N⌉·α + f·m·β + f·m·γ.
 """
 
 import math

@@ -90,9 +90,10 @@ FAR_NODE_BYTES, FAR_MIN, FAR_MAX = 256 << 20, 16 << 20, 64 << 20  # FAR_MIN > KE
 _FAR_PASSES = 2                               # passes over the region; the fastest counts
 # bytes per rank of the timed shm calls; the largest just above shm's SINGLE_COPY_BYTES
 # (8 MiB), so that it takes the way of every larger call where ranks outnumber cores.
-# 256 KiB and 4 MiB: between 64 KiB, 1 MiB (two slot regions up to it, one above) and
-# 9 MiB (the single copy) a call's time per byte is not the log-mean of theirs: at 4 ranks
-# per core 400 KB calls were priced 31-66 % above their time and 4 MB ones 32-37 % below
+# 256 KiB and 4 MiB: between 64 KiB, 1 MiB and 9 MiB a call's time per byte is not the
+# log-mean of theirs (at 4 ranks per core 400 KB calls were priced 31-66 % above their time
+# and 4 MB ones 32-37 % below); 4 MiB is also shm's last size of one compiled step
+# (node.group.DOUBLE_LIMIT), 9 MiB a size of the phases above it
 SHM_SIZES = (8, 4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 9 << 20)
 _WARM = 3                                     # untimed library calls of each size first
 _WARM_SMALL = 12                              # ... of each size up to MID (they settle later)

@@ -49,7 +49,7 @@ __all__ = ["Segment", "NodeGroup", "whole_node", "FlagBarrier", "SharedSlots", "
            "UNCHECKED", "PARITY", "DIRTY"]
 
 BLOCK_BYTES = 128 << 10      # reduction block: N inputs + output stay in a 2 MB L2
-DOUBLE_LIMIT = 1 << 20       # up to this, alternate two regions (no trailing sync)
+DOUBLE_LIMIT = 4 << 20       # to this: two regions, shm's one step (results/double-limit.md)
 
 # Control segment layout, in int64 words.
 _FLAG_WORDS = STRIDE         # one 64-byte cache line per rank: counter, sleepers
@@ -544,7 +544,7 @@ def reduce_block(kernel, operands, out):
 def copy_in(src, mine, rank, bounds, copy=None):
     """Copy ``src`` into the own slot ``mine``, except this rank's slice.
 
-    ``copy(dst, src)``: how to copy (the slot path above 1 MiB may pass one
+    ``copy(dst, src)``: how to copy (the slot path above DOUBLE_LIMIT may pass one
     with non-temporal stores, ``algorithms/shm/allreduce.py``); numpy's assignment if None.
     """
     lo, hi = bounds[rank], bounds[rank + 1]

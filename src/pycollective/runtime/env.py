@@ -128,7 +128,7 @@ SEGMENT_BYTES = _setting(
     "segment size of ring_pipelined in bytes (default 1 MiB); must match on all ranks")
 SHM_CMA = _setting(
     "PYCOLLECTIVE_SHM_CMA", parse_bool, True,
-    "let shm read peers' buffers with process_vm_readv above 1 MiB (default on)")
+    "let shm read peers' buffers with process_vm_readv above 4 MiB (default on)")
 TIMEOUT_S = _setting(
     "PYCOLLECTIVE_TIMEOUT_S", parse_seconds, 300.0,
     "longest wait without progress inside a collective before it raises CollectiveTimeout "

@@ -16,6 +16,7 @@ from pycollective.runtime import env as _env_settings
 from pycollective.runtime.context import get_context
 from pycollective.algorithms import hierarchical, ring_pipelined
 from pycollective.algorithms.shm import allreduce as shm
+from pycollective.node.group import DOUBLE_LIMIT
 from _data import check_allreduce as _check, env as _env
 
 OPS = ["sum", "prod", "max", "min"]
@@ -49,8 +50,8 @@ def test_hierarchical_emulated_nodes(label):
                 for op in OPS:
                     for count in (0, 1, 7, 1000, 10007):
                         _check(comm, "hierarchical", dtype, op, count, failures, label)
-            # Above the 64 KiB inter-node switch and the 1 MiB one-region limit.
-            for count in (40_000, 300_007):
+            # Above the 64 KiB inter-node switch and the one-region limit (DOUBLE_LIMIT).
+            for count in (40_000, 1_100_007):
                 _check(comm, "hierarchical", "float32", "sum", count, failures, label)
             # The layout really took effect.
             state = get_context(comm).peek(hierarchical._STATE)
@@ -118,7 +119,7 @@ def test_ring_pipelined_rejects_bad_segment():
 
 @pytest.mark.mpi(min_size=2)
 def test_shm_window_reuse_and_growth():
-    # Sizes in bytes cross the replicate (4 KiB) and two-region (1 MiB)
+    # Sizes in bytes cross the replicate (4 KiB) and two-region (DOUBLE_LIMIT, 4 MiB)
     # limits both ways, so growth, reuse and the sync before a one-region
     # call after a two-region one are all exercised.  Single-copy reads are
     # off (they would take the large calls), so every call uses the window.
@@ -178,14 +179,14 @@ def test_shm_many_small_calls_back_to_back():
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("cma", ["1", "0"])
 def test_shm_large_paths(cma, monkeypatch):
-    """Above 1 MiB: the slots' whole-slot path (cma=0, and with cma=1 up to
+    """Above DOUBLE_LIMIT (4 MiB): the slots' whole-slot path (cma=0, and with cma=1 up to
     shm.SINGLE_COPY_BYTES) and, above that, single-copy reads of the others'
     buffers (cma=1, where the system allows it; where every rank has a core, each
     size's second call takes the other way, see shm.ways); in place included, where a
     rank >= 2 must not overwrite its own operand before reading it."""
     world = MPI.COMM_WORLD
     failures = []
-    calls = []  # (bytes, 1 if it took the single copy else 0) of each call above 1 MiB
+    calls = []  # (bytes, 1 if it took the single copy else 0) of each call above 4 MiB
     sizes = []
     slots, single_copy = shm.shm_allreduce_on, shm.cma_allreduce_on
     monkeypatch.setattr(shm, "shm_allreduce_on",
@@ -197,12 +198,15 @@ def test_shm_large_paths(cma, monkeypatch):
     with _env(_env_settings.SHM_CMA.name, cma):
         comm = world.Dup()
         try:
-            for dtype, op, count in (("float32", "sum", 300_007), ("int64", "max", 1_100_003),
-                                     ("float16", "sum", 700_001), ("float64", "prod", 262_145),
-                                     ("int32", "sum", 400_001), ("int64", "sum", 300_001),
+            # 4.4-5.6 MB per rank between DOUBLE_LIMIT and SINGLE_COPY_BYTES; 8.8 and 12 MB
+            # above it
+            for dtype, op, count in (("float32", "sum", 1_100_007), ("int64", "max", 1_100_003),
+                                     ("float16", "sum", 2_300_001), ("float64", "prod", 524_289),
+                                     ("int32", "sum", 1_200_001), ("int64", "sum", 700_001),
                                      ("float64", "sum", 1_500_007)):
                 _check(comm, "shm", dtype, op, count, failures, f"cma={cma}")
                 sizes.append(count * np.dtype(dtype).itemsize)
+            assert all(n > DOUBLE_LIMIT for n in sizes), sizes
             state = get_context(comm).peek(shm._STATE)
             if cma == "0":
                 assert state.cross is None

@@ -1,4 +1,4 @@
-""""shm"'s reduce-scatter-allgather step for repeated calls up to 1 MiB (algorithms/_rsag.py).
+""""shm"'s reduce-scatter-allgather step for repeated calls up to ``DOUBLE_LIMIT`` (algorithms/_rsag.py).
 
 Here the step is switched on whatever the node (``_rsag_steps.ENABLED``), so
 it also runs at 3 and 4 ranks on 2 cores (its sleeping waits) as well as
@@ -7,7 +7,7 @@ with a core per rank (its polling waits):
 * every compiled dtype and op, in place and out of place, exact data bitwise
   right, the send buffer untouched, the step really taken, at sizes 0, 1,
   N-1, N, N+1, primes, around the 64-byte slice bounds and at the step's
-  limits (the small path's 4 KiB, 1 MiB, and one element past it);
+  limits (the small path's 4 KiB, DOUBLE_LIMIT, and one element past it);
 * rounding data with NaN, infinities and signed zeros bitwise the same as
   the older steps' results and the same on every rank;
 * ranks that disagree (count, op) raise on every rank and the communicator
@@ -274,7 +274,7 @@ def test_the_node_takes_the_kind_of_stores_its_first_rank_chose(on, monkeypatch)
         calls.append((kind, bool(started)))
         return kind, started
     monkeypatch.setattr(_stores.Stores, "next", recorded)
-    count = 10007  # 40 KB of float32: above CHOOSE_BYTES, below 1 MiB
+    count = 10007  # 40 KB of float32: above CHOOSE_BYTES, below DOUBLE_LIMIT
     send = exact_values(r, count, "float32", "sum")
     expected = exact_reduce([exact_values(q, count, "float32", "sum") for q in range(n)],
                             "sum", "float32")

@@ -1,7 +1,7 @@
-""""shm" between 4 KiB and 1 MiB: the sliced two-region path as compiled code (algorithms/_mid.py).
+""""shm" between 4 KiB and ``DOUBLE_LIMIT`` (4 MiB): the sliced two-region path as compiled code (algorithms/_mid.py).
 
 * every compiled dtype and op, in place and out of place, at sizes just
-  above the small path, primes, and multiples of N (-1, 0, +1) up to 1 MiB:
+  above the small path, primes, multiples of N (-1, 0, +1) near 1 MiB and the limit:
   per-rank per-index exact data bitwise right, the send buffer untouched,
   and the compiled path really taken;
 * rounding data bitwise the same as the Python path and MPI's result within
@@ -52,9 +52,10 @@ SMALL = 4 << 10  # the small path's limit (shm.REPLICATE_BYTES)
 
 
 def _counts(nranks, itemsize):
-    """Just above the small path, a prime, and multiples of N (-1, 0, +1) up to 1 MiB."""
+    """Just above the small path, a prime, multiples of N (-1, 0, +1) near 1 MiB (slices
+    that end anywhere; larger ones only cost the test time), and the step's last size."""
     top = DOUBLE_LIMIT // itemsize
-    m = top // nranks - 1
+    m = min(top, (1 << 20) // itemsize) // nranks - 1
     return [SMALL // itemsize + 1, 20011, m * nranks - 1, m * nranks, m * nranks + 1, top]
 
 
@@ -99,7 +100,7 @@ def _python_agreement():
 
 
 def _fresh(world=MPI.COMM_WORLD):
-    """A new communicator with the single-copy path off (nothing here is above 1 MiB)."""
+    """A new communicator with the single-copy path off (nothing here is above DOUBLE_LIMIT)."""
     with env(_env_settings.SHM_CMA.name, "0"):
         comm = world.Dup()
         pycollective.allreduce(np.zeros(1), np.empty(1), comm=comm, algorithm="shm")
@@ -139,9 +140,9 @@ def test_every_compiled_dtype_and_op_exact(layouts):
                 for dtype in DTYPES:
                     counts = _counts(comm.Get_size(), np.dtype(dtype).itemsize)
                     if label != "world":
-                        counts = counts[:2]  # near 1 MiB once per launch: it costs the most
+                        counts = counts[:2]  # the large ones once per launch: they cost the most
                     for i, count in enumerate(counts):
-                        # every op at the first two counts, one op each near 1 MiB
+                        # every op at the first two counts, one op each at the large ones
                         for op in (OPS if i < 2 else [OPS[i % 4]]):
                             check_allreduce(comm, "shm", dtype, op, count, failures, label)
                             expected_calls += 2  # out of place and in place
@@ -447,8 +448,8 @@ def test_a_failure_in_the_fast_way_reaches_every_rank(count, monkeypatch):
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("kind", [0, 1])
-def test_slot_path_above_1mib_right_with_either_kind_of_stores(monkeypatch, kind):
-    """Above 1 MiB (below the single copy) the slot path writes the slot with the kind of
+def test_slot_path_above_the_double_limit_right_with_either_kind_of_stores(monkeypatch, kind):
+    """Above ``DOUBLE_LIMIT`` (below the single copy) the slot path writes the slot with the kind of
     stores its ``Stores`` says (``FORCE_STORES`` pins it): the copy-in, and the own slice
     reduced into ``dst`` and streamed into the slot (out of place; in place the slot
     takes the partial results).  Item sizes 1, 2, 8, counts whose slices start anywhere
@@ -461,7 +462,7 @@ def test_slot_path_above_1mib_right_with_either_kind_of_stores(monkeypatch, kind
         with _counting("stream_copy", _mid) as streamed:
             for dtype in ("int8", "float16", "uint64"):
                 item = np.dtype(dtype).itemsize
-                for count in (DOUBLE_LIMIT // item + 1, (3 << 20) // item + 7):
+                for count in (DOUBLE_LIMIT // item + 1, (DOUBLE_LIMIT + (1 << 20)) // item + 7):
                     for i in range(3):
                         check_allreduce(comm, "shm", dtype, "sum", count, failures,
                                         f"call {i}", shift=i)

@@ -1,4 +1,4 @@
-"""``shm`` above 1 MiB per rank: the slots or the single copy, chosen by timing both where
+"""``shm`` above ``DOUBLE_LIMIT`` (4 MiB) per rank: the slots or the single copy, chosen by timing both where
 every rank has a core (``shm.ways.Way``), agreed by every rank.
 
 * each call of a size right, bit for bit, while its first calls try both ways and after
@@ -17,11 +17,12 @@ from pycollective.runtime.context import get_context
 from pycollective.algorithms.shm import allreduce as shm, ways as _ways
 from _data import bitwise_equal, check_allreduce, random_values
 
-COUNT = 300_007  # float32: 1.2 MiB per rank, above DOUBLE_LIMIT, below SINGLE_COPY_BYTES
+COUNT = 1_100_007  # float32: 4.4 MB per rank, above DOUBLE_LIMIT, below SINGLE_COPY_BYTES
+LARGER = 1_800_001  # 7.2 MB: more blocks of the single copy, still below SINGLE_COPY_BYTES
 
 
 def _ways_taken(monkeypatch):
-    """The way (0: slots, 1: single copy) of each of this rank's shm calls above 1 MiB."""
+    """The way (0: slots, 1: single copy) of each of this rank's shm calls above DOUBLE_LIMIT."""
     taken = []
     slots, single = shm.shm_allreduce_on, shm.cma_allreduce_on
     monkeypatch.setattr(shm, "shm_allreduce_on",
@@ -60,7 +61,7 @@ def test_a_sizes_calls_try_both_ways_then_every_rank_takes_the_same(monkeypatch)
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("count", [COUNT, 4 * COUNT + 1])
+@pytest.mark.parametrize("count", [COUNT, LARGER])
 def test_both_ways_give_the_same_bits(monkeypatch, count):
     """Rounding float32 data with NaNs: the slots' result and the single copy's, bit for
     bit the same on every rank."""

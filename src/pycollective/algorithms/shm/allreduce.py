@@ -6,7 +6,7 @@ it combines slice i of all N inputs, operands in rank order 0..N-1, and
 every rank then copies the other slices of the result.  No data travel in
 point-to-point messages; there are two ways to reach the others' memory.
 
-Single copy (messages above 1 MiB where the system allows it and a size's
+Single copy (messages above ``DOUBLE_LIMIT``, 4 MiB, where the system allows it and a size's
 timed calls chose it where every rank has a core, see :mod:`.ways`; above
 ``SINGLE_COPY_BYTES`` = 8 MiB where ranks outnumber cores): each rank
 publishes the addresses and size of its ``src`` and ``dst`` in its header
@@ -37,33 +37,33 @@ enough for the whole vector; slot q is a plain numpy view on every rank.
    into ``dst`` while it is still in cache.
 4. Sync.
 5. Copy-out: rank i copies slice q from slot_q into ``dst`` for every q != i.
-6. Above 1 MiB, a last sync, so that the next call's copy-in cannot
+6. Above 4 MiB, a last sync, so that the next call's copy-in cannot
    overwrite a slot another rank is still copying out.  Smaller messages
    skip it: the window holds two regions used alternately, and a rank can
    only reach the copy-in of call k+2 (same region as call k) after every
    rank has entered call k+1's first sync, i.e. finished call k.
 
-Above 1 MiB steps 1 and 3 write the slot with plain or non-temporal stores
+Above 4 MiB steps 1 and 3 write the slot with plain or non-temporal stores
 (past this core's cache, for the other cores to read from memory; in step
 3 the block is then reduced into ``dst`` and copied from there into the
 slot), the kind chosen per size: by timing the calls where each rank has a
 core, by size where ranks outnumber cores (``_ShmState.stores_for``).  The
 sync after each orders the stores before its counter.
 
-From 4 KiB to 1 MiB, once the slots are big enough, steps 1-5 are one compiled call
+From 4 KiB to 4 MiB, once the slots are big enough, steps 1-5 are one compiled call
 (:mod:`._mid`; in Python they are a dozen calls, most of the time at tens
 of KB): same targets, headers and left fold, so a call may mix it with the
 Python steps; a wait that runs long is handed back to Python (the deadline,
 the side channel) and the compiled call resumes after it.
 
 Shared allocations (``pycollective.shared_empty``, :mod:`~pycollective.node.arrays`): in the
-calls above 1 MiB, which end with a sync, each rank also publishes where its
+calls above 4 MiB, which end with a sync, each rank also publishes where its
 ``src`` and ``dst`` lie in the node's shared allocations.  Peer by peer, a
 shared ``src`` is read as a view (no copy-in into the slot, no
 ``process_vm_readv``), and a rank with a shared ``dst`` reduces its slice
 into it, from where the others copy it; other buffers go as above.
 
-Repeated calls up to 1 MiB, where every rank of the node has a core of its
+Repeated calls up to 4 MiB, where every rank of the node has a core of its
 own, take one compiled reduce-scatter-allgather step instead of the two
 below (:mod:`.rsag`, :mod:`.rsag_steps`, docs/shm-rsag.md): 64-byte aligned
 slices, one metadata line per peer, waits that poll without system calls.
@@ -287,9 +287,9 @@ class _ShmState:
         There the slots no longer fit a core's 2 MiB L2 beside the input and
         output, and whoever reads a slot runs on another core.  With a core
         per rank each rank chooses while it runs, as the repeated calls below
-        1 MiB do.  Where ranks outnumber cores a call's time is too noisy to
+        4 MiB do.  Where ranks outnumber cores a call's time is too noisy to
         choose from, and the kind is fixed by size: non-temporal stores from
-        ``STREAM_BYTES`` (docs/results/streamed.md).  Every call above 1 MiB is
+        ``STREAM_BYTES`` (docs/results/streamed.md).  Every call above 4 MiB is
         timed: a clock read beside 100 µs or more.
         """
         if nbytes <= DOUBLE_LIMIT:
@@ -399,7 +399,7 @@ def shm_agreed(ctx, src, dst, kernel, values, board):
 
     Small messages take :func:`~pycollective.algorithms.shm.steps.small_agreed`: the agreement row
     and the data posted together, one synchronisation; the sliced sizes up
-    to 1 MiB :func:`~pycollective.algorithms.shm.steps.mid_agreed`, the row posted with the
+    to 4 MiB :func:`~pycollective.algorithms.shm.steps.mid_agreed`, the row posted with the
     copy-in; larger ones (or slots not grown yet) run the agreement through
     the board, then the algorithm.  Either way the first sync is the
     agreement's, with the same target, board and header as the Python path's.

@@ -17,7 +17,7 @@ on first use, the same on every rank):
 Above ``CMA_BYTES`` (where cross-memory reads are allowed) the algorithms
 read the others' buffers where they are (one copy); below, or without them,
 data are staged in the slots.  The threshold is the slots' ``DOUBLE_LIMIT``
-(1 MiB): below it the slots alternate between two regions and a call needs
+(4 MiB): below it the slots alternate between two regions and a call needs
 no trailing sync; above it the two ways measured about level for these
 (docs/results/fastway.md).  Allreduce "shm" has its own, higher one
 (``SINGLE_COPY_BYTES``).

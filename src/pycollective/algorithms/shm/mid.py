@@ -1,7 +1,7 @@
-"""The sliced path of "shm" for mid-size messages (4 KiB - 1 MiB) as compiled code.
+"""The sliced path of "shm" for mid-size messages (4 KiB - 4 MiB) as compiled code.
 
 Between the small path (every rank reduces the whole vector, :mod:`._small`)
-and the single-copy path above 1 MiB, "shm" stages the data in the slots'
+and the larger calls' paths above 4 MiB (``DOUBLE_LIMIT``), "shm" stages the data in the slots'
 two alternating regions: rank i owns slice i of the result (see ``algorithms/shm/allreduce.py``).
 In Python that is a dozen calls and two synchronisations per allreduce
 (a call of 40 KB on two ranks: 22-27 µs, 16-21 µs with this module;

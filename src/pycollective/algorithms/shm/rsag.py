@@ -1,6 +1,6 @@
 """shm's step for ranks with cores of their own: reduce-scatter then allgather, compiled.
 
-For the repeated calls up to 1 MiB (``rsag_steps.py`` is the Python side),
+For the repeated calls up to 4 MiB (``DOUBLE_LIMIT``; ``rsag_steps.py`` is the Python side),
 one compiled call does what :mod:`.small` and :mod:`.mid` do, laid out
 for a node where every rank runs on its own core:
 

@@ -1,4 +1,4 @@
-"""The Python side of :mod:`.rsag`: shm's repeated calls up to 1 MiB where ranks have cores.
+"""The Python side of :mod:`.rsag`: shm's repeated calls up to 4 MiB where ranks have cores.
 
 :func:`repeated` is what shm's ``repeated`` asks first: a :class:`RepeatedRsag`
 for a compiled dtype up to ``DOUBLE_LIMIT`` where the step is wanted (``ENABLED``;

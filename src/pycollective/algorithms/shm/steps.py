@@ -172,7 +172,7 @@ def _folded_step(group, call):
     return target, checking if checking is not None else group.header_set()
 
 
-# --- the sliced path (4 KiB - 1 MiB, two alternating regions) in compiled code -----------
+# --- the sliced path (4 KiB - DOUBLE_LIMIT, two alternating regions) in compiled code -----------
 
 def mid_compiled(node, call, dst):
     """Whether :mod:`._mid` runs this call: a sliced two-region size whose slots are big

@@ -1,4 +1,4 @@
-"""Which way ``shm``'s calls above 1 MiB per rank go: through the slots or by single
+"""Which way ``shm``'s calls above ``DOUBLE_LIMIT`` (4 MiB) per rank go: through the slots or by single
 copy, chosen by timing both where every rank has a core (:class:`Way`)."""
 
 import time
@@ -7,7 +7,7 @@ __all__ = ["Way", "SLOTS", "SINGLE", "FORCE_WAY"]
 
 SLOTS, SINGLE = 0, 1
 
-# SLOTS or SINGLE: every call above 1 MiB that may take the single copy takes that way
+# SLOTS or SINGLE: every call above DOUBLE_LIMIT that may take the single copy takes that way
 # (see Way); None: as Way says.  For benchmarks and tests.
 FORCE_WAY = None
 
