@@ -72,11 +72,12 @@ from .agree import agree_max
 __all__ = ["VERSION", "machine_facts", "cache_file", "measure", "machine_params",
            "SMALL", "MID", "LARGE", "KERNEL_IN", "KERNEL_OUT"]
 
-VERSION = 9  # 2: the library's own ring and shm calls timed; 3: shm's after its ways' trials,
+VERSION = 10  # 2: the library's own ring and shm calls timed; 3: shm's after its ways' trials,
              # the library's ring of MID bytes; 4: shm's ratios hold its agreement;
              # 5: shm at 256 KiB and 4 MiB too; 6: the copy rate out of the caches;
              # 7: shm's times held to the larger sizes'; its step at N = 2 up to 4 KiB;
-             # 8: shm's after its stores' trials too; 9: shm above 64 KiB held per byte
+             # 8: shm's after its stores' trials too; 9: shm above 64 KiB held per byte;
+             # 10: shm's one step up to 4 MiB, its stores' trials three timed calls a kind
 SMALL, MID, LARGE = 8, 64 << 10, 4 << 20      # bytes of the ring messages
 PER_BYTE_HOLD = 1.5  # shm above MID: at most this times the next larger size's time per byte
 KERNEL_IN, KERNEL_OUT = 64 << 10, 8 << 20     # bytes reduced: in a core's cache, from memory

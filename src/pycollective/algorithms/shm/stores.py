@@ -27,7 +27,13 @@ class Stores:
     the slots in the other kind's cache state, and a single call of the other
     kind measured that change, not the kind (one rank of a launch chose
     non-temporal stores from such calls, and its calls took 1.3x as long).
-    The first ``PROBE`` calls alternate turns of the two kinds; then one call
+    The first ``PROBE`` calls alternate turns of the two kinds, the first turn
+    untimed, so that each kind has three timed calls whose median decides:
+    a shape's first calls carry its one-off costs (loading, the slots'
+    pages), and with two samples a kind counts the larger, so one slow call
+    decided (at N = 2 on the AMD VM a first turn's 83 us against 19 us, and
+    a stalled 40 us against 15 us, settled a family on plain stores, 2x
+    slower there at 256 KiB-4 MiB: docs/results/double-limit.md).  Then one call
     in ``every`` is timed, and one turn in ``SAMPLE`` calls (``RARELY``
     where the other kind is clearly slower) takes the kind not in use.  Each
     kind's time is the median of its last three timed calls (the larger of
@@ -50,7 +56,7 @@ class Stores:
     alternating the two (whose slower half would cost its first calls, and
     ``auto``'s trials of them, several times over: docs/results/stores.md).
 
-    ``shm``'s slot path above 1 MiB keeps one per size for its
+    ``shm``'s slot path above 4 MiB keeps one per size for its
     copy-in and the writes of its slice into the slot (``allreduce.py``), and
     its repeated calls below keep one per shape: the older sliced step for its
     copy-in (``steps.py``), the reduce-scatter-allgather step from
@@ -60,7 +66,7 @@ class Stores:
     :meth:`took`.
     """
 
-    PROBE, SAMPLE, SWITCH, TURN = 12, 32, 0.85, 3
+    PROBE, SAMPLE, SWITCH, TURN = 21, 32, 0.85, 3
     # Where the kind not in use took 1.25x as long or more, it is tried 4x less
     # often: each try costs that much (docs/results/stores.md).
     CLEAR, RARELY = 1.25, 128
@@ -108,9 +114,12 @@ class Stores:
     def kind(self):
         """The kind for the ``calls``-th call, and whether it is timed."""
         calls, turn = self.calls, self.TURN
-        if calls <= self.PROBE:  # turns of each kind, non-temporal first
-            return ((calls - 1) // turn + 1) & 1, calls % turn == 0
-        at = calls % self.sample
+        if calls <= self.PROBE:  # turns of each kind, non-temporal first; the first untimed
+            return ((calls - 1) // turn + 1) & 1, calls % turn == 0 and calls > turn
+        # counted from the probe's end: the first turn of the other kind comes a whole
+        # ``sample`` after it, not inside the calls the first-use measurement and auto's
+        # trials time right after the probe (shm_settling)
+        at = (calls - self.PROBE) % self.sample
         if at == 0 or at > self.sample - turn:  # the turn of the other kind
             return self.using ^ 1, at == 0
         # every ``every``-th call, but not the first of a turn back
