@@ -152,6 +152,14 @@ def test_sizes_comparison_times_each_count_and_checks_it():
     assert "wrong results: 0" in output, output[-3000:]
 
 
+def test_probe_stores_times_the_measurement_with_each_kind():
+    """benchmarks/shm/probe_stores.py: the measurement's shm calls, chosen and pinned."""
+    output = _two_ranks("shm/probe_stores.py", "--passes", "1")
+    for name in ("chosen", "plain", "non-temporal"):
+        assert re.search(rf"^\s+0\s+{name}(\s+[0-9.]+){{4}}\s+\S+$", output, re.M), \
+            output[-3000:]
+
+
 def test_auto_score_writes_its_summary(tmp_path):
     """benchmarks/auto/score.sh at 2 ranks with a tiny budget: one launch and the summary."""
     out = tmp_path / "score"
