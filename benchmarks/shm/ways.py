@@ -1,4 +1,4 @@
-"""shm above ``DOUBLE_LIMIT`` (4 MiB) per rank: the slots, the single copy, and the way the calls choose, interleaved.
+"""shm above 4 MiB per rank: the slots, the single copy and the chosen way, interleaved.
 
     scripts/run_mpi.sh 2 benchmarks/shm/ways.py --count 1.1e6 2e6 4e6
 

@@ -1,4 +1,4 @@
-""""shm"'s reduce-scatter-allgather step for repeated calls up to ``DOUBLE_LIMIT`` (algorithms/_rsag.py).
+""""shm"'s reduce-scatter-allgather step for repeated calls up to DOUBLE_LIMIT (shm/rsag.py).
 
 Here the step is switched on whatever the node (``_rsag_steps.ENABLED``), so
 it also runs at 3 and 4 ranks on 2 cores (its sleeping waits) as well as

@@ -1,4 +1,4 @@
-""""shm" between 4 KiB and ``DOUBLE_LIMIT`` (4 MiB): the sliced two-region path as compiled code (algorithms/_mid.py).
+""""shm" from 4 KiB to DOUBLE_LIMIT: the sliced two-region path as compiled code (algorithms/_mid.py).
 
 * every compiled dtype and op, in place and out of place, at sizes just
   above the small path, primes, multiples of N (-1, 0, +1) near 1 MiB and the limit:

@@ -1,4 +1,4 @@
-"""``shm`` above ``DOUBLE_LIMIT`` (4 MiB) per rank: the slots or the single copy, chosen by timing both where
+"""``shm`` above DOUBLE_LIMIT per rank: the slots or the single copy, chosen by timing both where
 every rank has a core (``shm.ways.Way``), agreed by every rank.
 
 * each call of a size right, bit for bit, while its first calls try both ways and after

@@ -1,5 +1,5 @@
-"""Which way ``shm``'s calls above ``DOUBLE_LIMIT`` (4 MiB) per rank go: through the slots or by single
-copy, chosen by timing both where every rank has a core (:class:`Way`)."""
+"""Which way ``shm``'s calls above ``DOUBLE_LIMIT`` (4 MiB) per rank go: through the slots
+or by single copy, chosen by timing both where every rank has a core (:class:`Way`)."""
 
 import time
 
