@@ -276,8 +276,7 @@ def test_the_node_takes_the_kind_of_stores_its_first_rank_chose(on, monkeypatch)
     monkeypatch.setattr(_stores.Stores, "next", recorded)
     count = 10007  # 40 KB of float32: above CHOOSE_BYTES, below DOUBLE_LIMIT
     send = exact_values(r, count, "float32", "sum")
-    expected = exact_reduce([exact_values(q, count, "float32", "sum") for q in range(n)],
-                            "sum", "float32")
+    expected = exact_expected(n, count, np.dtype("float32"), "sum")
     out = np.empty_like(send)
     wrong = 0
     try:
@@ -402,8 +401,7 @@ def test_the_entry_numbers_and_books_each_call_as_python_would(on, monkeypatch, 
     failures = []
     try:
         send = exact_values(r, count, "float32", "sum")
-        expected = exact_reduce([exact_values(q, count, "float32", "sum") for q in range(n)],
-                                "sum", "float32")
+        expected = exact_expected(n, count, np.dtype("float32"), "sum")
         out = np.empty_like(send)
         for _ in range(CALLS):
             pycollective.allreduce(send, out, comm=comm, algorithm="shm")
@@ -494,8 +492,7 @@ def test_waits_handed_back_slow_ranks_and_the_timeout(on, monkeypatch, count):
                     if r == i % n:
                         time.sleep(2e-3)
                     pycollective.allreduce(send, out, "sum", comm=comm, algorithm="shm")
-                    expected = exact_reduce([exact_values((q + i) % n, count, "float32", "sum")
-                                             for q in range(n)], "sum", "float32")
+                    expected = exact_expected(n, count, np.dtype("float32"), "sum")
                     if not bitwise_equal(out, expected):
                         failures.append(f"call {i} wrong")
         finally:
