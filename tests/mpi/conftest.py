@@ -10,6 +10,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 
 import pytest
 from mpi4py import MPI
@@ -26,6 +27,10 @@ os.environ.setdefault("PYCOLLECTIVE_MEASURE", "0")
 
 
 _outcomes = {"passed": 0, "skipped": 0}
+
+# A folder where a failing rank also writes its report (rank<R>.failed) before the abort,
+# for launchers whose output may lose it (.ci/mpi-suite sets it).
+REPORTS = "PYCOLLECTIVE_TEST_REPORTS"
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -62,9 +67,17 @@ def pytest_runtest_makereport(item, call):
         _outcomes["skipped"] += 1
     if report.failed and MPI.COMM_WORLD.Get_size() > 1:
         rank = MPI.COMM_WORLD.Get_rank()
-        sys.stderr.write(f"\n[rank {rank}] FAILED {report.nodeid} ({report.when})\n"
-                         f"{report.longreprtext}\n[rank {rank}] aborting the MPI job\n")
+        text = (f"\n[rank {rank}] FAILED {report.nodeid} ({report.when})\n"
+                f"{report.longreprtext}\n[rank {rank}] aborting the MPI job\n")
+        sys.stderr.write(text)
         sys.stderr.flush()
+        folder = os.environ.get(REPORTS)
+        if folder:
+            with open(os.path.join(folder, f"rank{rank}.failed"), "a") as f:
+                f.write(text)
+        # Open MPI's launcher can end the job before it has forwarded what the aborting
+        # rank wrote (a CI log once showed the abort and no report): give it a moment.
+        time.sleep(1.0)
         MPI.COMM_WORLD.Abort(1)
 
 
