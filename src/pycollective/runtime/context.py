@@ -2,7 +2,8 @@
 
 Each user communicator gets, on first use, a ``Dup()`` cached as an MPI
 attribute on it, so library messages can never match the caller's own
-messages, and the duplicate is freed when the caller frees the communicator.
+messages, and the duplicate is freed when the caller frees the communicator
+(once no message of it is in flight: ``closing.py``).
 The first call on a communicator is therefore collective (as every
 pycollective call is anyway).
 
@@ -36,7 +37,7 @@ from typing import Callable, Dict, Generic, Optional, TypeVar
 import numpy as np
 from mpi4py import MPI
 
-from . import hosts as _hosts, watch as _watch
+from . import closing as _closing, hosts as _hosts, watch as _watch
 from .._errors import CollectiveError
 
 __all__ = ["Context", "Key", "get_context", "find_context", "comm_settings", "set_comm_setting",
@@ -186,32 +187,12 @@ class Context:
                 if free is not None:
                     free()
         if self.comm != MPI.COMM_NULL:
-            for req in self.pending_notices:
-                if not req.Test():
-                    req.Cancel()
+            # Freed once every peer's last message is in (closing.py): a notice still
+            # on its way must not reach the communicator that gets this context id next.
+            _closing.close(self.comm, self.pending_notices, broken=self.broken is not None)
             self.pending_notices = []
-            self._drain()
-            self.comm.Free()
             self.comm = MPI.COMM_NULL
         _LIVE.pop(id(self), None)
-
-    def _drain(self):
-        """Receive what arrived on the private communicator and nobody took.
-
-        Nothing does when no call is under way, except the side channel's
-        notices of a failed call that this rank did not wait for.  Left in
-        MPI's queue they outlive the communicator: MPICH reuses its context
-        id, and a later communicator's receives could match them.  Received
-        as bytes, whatever they hold.  A notice still in flight can land
-        after this; it is only the ones already here that are taken.
-        """
-        status = MPI.Status()
-        try:
-            while self.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
-                self.comm.Recv([bytearray(max(1, status.Get_count(MPI.BYTE))), MPI.BYTE],
-                               status.Get_source(), status.Get_tag())
-        except MPI.Exception:
-            pass  # the communicator itself failed (a peer died): nothing to take
 
 
 # Every live context, in creation order (the same on every rank), for freeing
@@ -296,6 +277,7 @@ def _create(comm) -> Context:
     plain = MPI.Intracomm(comm)
     label = describe_comm(plain)
     waiting_for = f"every rank's first pycollective call on {label}"
+    _closing.reap()  # free what has closed before taking another communicator
     try:
         private = duplicate(plain, label, waiting_for)
         hosts, token = _gather_hosts(private, waiting_for)
@@ -339,6 +321,10 @@ def _free_at_exit():
                 ctx.free()
             except Exception:  # noqa: BLE001  (exiting: free what can be freed)
                 pass
+        try:
+            _closing.reap(_closing.EXIT_WAIT_S)
+        except Exception:  # noqa: BLE001
+            pass
 
 
 # The communicator object of the last find_context that found one, and that

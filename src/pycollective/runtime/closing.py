@@ -1,0 +1,126 @@
+"""The end of a private communicator: no message of it may outlive it.
+
+A context's private communicator carries, besides the algorithms' messages
+(each received inside its call), the side channel's notices (``watch.py``),
+which a rank sends without waiting and a peer reads only while it waits.  A
+notice nobody read is still on its way when the communicator is freed, and
+MPI gives the freed context id to a later communicator: Open MPI keeps a
+message for a context id it does not know and delivers it to the next
+communicator that gets the id -- a sub-communicator of fewer ranks aborts the
+job ("PML OB1 received a message from a rank outside the valid range"), one of
+as many ranks can match it in a collective (MPI_ERR_TRUNCATE, or wrong data).
+
+So a private communicator is not freed at once.  :func:`close` sends every
+peer a last, empty message (``TAG_CLOSE``) and parks the communicator; it is
+freed once every peer's last message is in -- receiving, in order, whatever
+that peer sent before it (MPI does not let a later message from one sender
+overtake an earlier one that the same receive matches) -- and this rank's own
+sends are done.  Nothing here waits, except at exit: :func:`reap` polls the
+parked communicators (on every close and every new context) and frees the
+finished ones.  A peer that never closes (dead, or broken away) leaves its
+communicator parked, never freed, so its id is never reused.
+"""
+
+import threading
+import time
+
+from mpi4py import MPI
+
+from .registry import reserve_tags
+
+__all__ = ["close", "reap", "parked", "TAG_CLOSE", "EXIT_WAIT_S"]
+
+TAG_CLOSE, = reserve_tags("closing a private communicator (runtime/closing.py)", (251,))
+# How long the exit hook waits for peers' last messages (ranks reach exit within
+# moments of each other; a dead peer's communicator is left parked after this).
+EXIT_WAIT_S = 10.0
+
+
+class _Parked:
+    __slots__ = ("comm", "waiting", "sends", "broken")
+
+    def __init__(self, comm, waiting, sends, broken):
+        self.comm = comm
+        self.waiting = waiting    # peers whose last message has not come
+        self.sends = sends        # this rank's last messages and notices still pending
+        self.broken = broken      # a failed call broke it: a peer may never close
+
+    def poll(self):
+        """Receive what arrived from the peers still closing; True once it can be freed."""
+        comm, status = self.comm, MPI.Status()
+        for q in list(self.waiting):
+            while True:
+                msg = comm.Improbe(q, MPI.ANY_TAG, status)
+                if msg is None:
+                    break
+                tag = status.Get_tag()
+                msg.Recv([bytearray(max(1, status.Get_count(MPI.BYTE))), MPI.BYTE])
+                if tag == TAG_CLOSE:
+                    self.waiting.discard(q)
+                    break
+        return not self.waiting and MPI.Request.Testall(self.sends)
+
+
+_PARKED = []
+_lock = threading.Lock()
+
+
+def close(comm, pending=(), broken=False):
+    """Free ``comm`` (a private communicator) once no message of it is in flight.
+
+    Every rank of ``comm`` calls this (from its context's ``free``), in the
+    same order as the others do for their communicators.
+
+    Args:
+        comm: the communicator; the caller lets go of it.
+        pending: this rank's side-channel sends not yet completed.
+        broken: a failed call broke the communicator.
+    """
+    rank, size = comm.Get_rank(), comm.Get_size()
+    sends = list(pending)
+    try:
+        if size > 1:
+            empty = bytearray(1)
+            sends += [comm.Isend([empty, 0, MPI.BYTE], q, TAG_CLOSE)
+                      for q in range(size) if q != rank]
+    except MPI.Exception:
+        return  # the communicator failed (a peer died): keep it, never reuse its id
+    peers = {q for q in range(size) if q != rank}
+    with _lock:
+        _PARKED.append(_Parked(comm, peers, sends, broken))
+    reap()
+
+
+def reap(wait=0.0):
+    """Free the parked communicators whose peers have all closed.
+
+    Args:
+        wait: seconds to keep polling while some are left (exit); those of
+            broken communicators are not waited for.
+
+    Returns:
+        How many are still parked.
+    """
+    deadline = time.monotonic() + wait
+    while True:
+        with _lock:
+            for rec in list(_PARKED):
+                try:
+                    done = rec.poll()
+                except MPI.Exception:
+                    done = False
+                    rec.broken = True  # a peer died: never freed
+                if done:
+                    _PARKED.remove(rec)
+                    rec.comm.Free()
+            waiting = [rec for rec in _PARKED if not rec.broken]
+            left = len(_PARKED)
+        if not waiting or time.monotonic() >= deadline:
+            return left
+        time.sleep(1e-3)
+
+
+def parked():
+    """How many private communicators are parked (tests)."""
+    with _lock:
+        return len(_PARKED)
