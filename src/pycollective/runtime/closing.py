@@ -15,10 +15,12 @@ peer a last, empty message (``TAG_CLOSE``) and parks the communicator; it is
 freed once every peer's last message is in -- receiving, in order, whatever
 that peer sent before it (MPI does not let a later message from one sender
 overtake an earlier one that the same receive matches) -- and this rank's own
-sends are done.  Nothing here waits, except at exit: :func:`reap` polls the
-parked communicators (on every close and every new context) and frees the
-finished ones.  A peer that never closes (dead, or broken away) leaves its
-communicator parked, never freed, so its id is never reused.
+sends are done.  Nothing here waits: :func:`reap` polls the parked
+communicators (on every close and every new context) and frees the finished
+ones.  A peer that never closes (dead, or broken away) leaves its communicator
+parked, so its id is not reused while the job runs.  At exit :func:`release`
+frees them all at once: no communicator is made after it, so nothing can land
+on a reused id, and the peers still running have this rank's last messages.
 """
 
 import threading
@@ -28,12 +30,9 @@ from mpi4py import MPI
 
 from .registry import reserve_tags
 
-__all__ = ["close", "reap", "parked", "TAG_CLOSE", "EXIT_WAIT_S"]
+__all__ = ["close", "reap", "release", "parked", "TAG_CLOSE"]
 
 TAG_CLOSE, = reserve_tags("closing a private communicator (runtime/closing.py)", (251,))
-# How long the exit hook waits for peers' last messages (ranks reach exit within
-# moments of each other; a dead peer's communicator is left parked after this).
-EXIT_WAIT_S = 10.0
 
 
 class _Parked:
@@ -95,7 +94,7 @@ def reap(wait=0.0):
     """Free the parked communicators whose peers have all closed.
 
     Args:
-        wait: seconds to keep polling while some are left (exit); those of
+        wait: seconds to keep polling while some are left (tests); those of
             broken communicators are not waited for.
 
     Returns:
@@ -118,6 +117,25 @@ def reap(wait=0.0):
         if not waiting or time.monotonic() >= deadline:
             return left
         time.sleep(1e-3)
+
+
+def release():
+    """Free every parked communicator now, finished or not (at exit, before MPI_Finalize).
+
+    Waiting there for a peer's last message would hold a job whose other rank
+    raised, or waits in a call, until MPI_Abort or the launcher's limit.
+    """
+    with _lock:
+        left, _PARKED[:] = list(_PARKED), []
+    for rec in left:
+        try:
+            rec.poll()
+            for req in rec.sends:
+                if not req.Test():
+                    req.Cancel()
+            rec.comm.Free()
+        except MPI.Exception:
+            pass  # a peer died: MPI_Finalize is what is left to do
 
 
 def parked():

@@ -321,10 +321,7 @@ def _free_at_exit():
                 ctx.free()
             except Exception:  # noqa: BLE001  (exiting: free what can be freed)
                 pass
-        try:
-            _closing.reap(_closing.EXIT_WAIT_S)
-        except Exception:  # noqa: BLE001
-            pass
+        _closing.release()
 
 
 # The communicator object of the last find_context that found one, and that

@@ -26,7 +26,7 @@ def _reap_all():
 @pytest.mark.mpi(min_size=2)
 def test_a_notice_sent_after_a_peer_freed_is_received_before_the_duplicate_is_freed():
     world = MPI.COMM_WORLD
-    rank, size = world.Get_rank(), world.Get_size()
+    rank = world.Get_rank()
     before = _reap_all()
     for round_ in range(4):
         dup = world.Dup()
