@@ -102,18 +102,19 @@ def reap(wait=0.0):
     """
     deadline = time.monotonic() + wait
     while True:
+        done = []
         with _lock:
             for rec in list(_PARKED):
                 try:
-                    done = rec.poll()
+                    if rec.poll():
+                        done.append(rec)
+                        _PARKED.remove(rec)
                 except MPI.Exception:
-                    done = False
                     rec.broken = True  # a peer died: never freed
-                if done:
-                    _PARKED.remove(rec)
-                    rec.comm.Free()
             waiting = [rec for rec in _PARKED if not rec.broken]
             left = len(_PARKED)
+        for rec in done:  # outside the lock: a communicator's delete callbacks may close others
+            rec.comm.Free()
         if not waiting or time.monotonic() >= deadline:
             return left
         time.sleep(1e-3)
