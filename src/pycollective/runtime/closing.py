@@ -18,7 +18,7 @@ overtake an earlier one that the same receive matches) -- and this rank's own
 sends are done.  Nothing here waits: :func:`reap` polls the parked
 communicators (on every close and every new context) and frees the finished
 ones.  A peer that never closes (dead, or broken away) leaves its communicator
-parked, so its id is not reused while the job runs.  At exit :func:`release`
+unfreed, so its id is not reused while the job runs.  At exit :func:`release`
 frees them all at once: no communicator is made after it, so nothing can land
 on a reused id, and the peers still running have this rank's last messages.
 """
@@ -36,13 +36,12 @@ TAG_CLOSE, = reserve_tags("closing a private communicator (runtime/closing.py)",
 
 
 class _Parked:
-    __slots__ = ("comm", "waiting", "sends", "broken")
+    __slots__ = ("comm", "waiting", "sends")
 
-    def __init__(self, comm, waiting, sends, broken):
+    def __init__(self, comm, waiting, sends):
         self.comm = comm
         self.waiting = waiting    # peers whose last message has not come
         self.sends = sends        # this rank's last messages and notices still pending
-        self.broken = broken      # a failed call broke it: a peer may never close
 
     def poll(self):
         """Receive what arrived from the peers still closing; True once it can be freed."""
@@ -60,33 +59,32 @@ class _Parked:
         return not self.waiting and MPI.Request.Testall(self.sends)
 
 
-_PARKED = []
+_PARKED = []   # waiting for peers' last messages
+_LOST = []     # MPI failed on them (a peer died): never freed while the job runs
 _lock = threading.Lock()
 
 
-def close(comm, pending=(), broken=False):
+def close(comm, pending=()):
     """Free ``comm`` (a private communicator) once no message of it is in flight.
 
-    Every rank of ``comm`` calls this (from its context's ``free``), in the
-    same order as the others do for their communicators.
+    Every rank of ``comm`` calls this, from its context's ``free``.
 
     Args:
         comm: the communicator; the caller lets go of it.
         pending: this rank's side-channel sends not yet completed.
-        broken: a failed call broke the communicator.
     """
-    rank, size = comm.Get_rank(), comm.Get_size()
-    sends = list(pending)
+    rank = comm.Get_rank()
+    peers = {q for q in range(comm.Get_size()) if q != rank}
+    empty = bytearray(1)
+    rec = _Parked(comm, peers, list(pending))
     try:
-        if size > 1:
-            empty = bytearray(1)
-            sends += [comm.Isend([empty, 0, MPI.BYTE], q, TAG_CLOSE)
-                      for q in range(size) if q != rank]
+        rec.sends += [comm.Isend([empty, 0, MPI.BYTE], q, TAG_CLOSE) for q in peers]
     except MPI.Exception:
-        return  # the communicator failed (a peer died): keep it, never reuse its id
-    peers = {q for q in range(size) if q != rank}
+        with _lock:
+            _LOST.append(rec)
+        return
     with _lock:
-        _PARKED.append(_Parked(comm, peers, sends, broken))
+        _PARKED.append(rec)
     reap()
 
 
@@ -94,8 +92,7 @@ def reap(wait=0.0):
     """Free the parked communicators whose peers have all closed.
 
     Args:
-        wait: seconds to keep polling while some are left (tests); those of
-            broken communicators are not waited for.
+        wait: seconds to keep polling while some are left (tests).
 
     Returns:
         How many are still parked.
@@ -110,12 +107,12 @@ def reap(wait=0.0):
                         done.append(rec)
                         _PARKED.remove(rec)
                 except MPI.Exception:
-                    rec.broken = True  # a peer died: never freed
-            waiting = [rec for rec in _PARKED if not rec.broken]
+                    _PARKED.remove(rec)
+                    _LOST.append(rec)
             left = len(_PARKED)
         for rec in done:  # outside the lock: a communicator's delete callbacks may close others
             rec.comm.Free()
-        if not waiting or time.monotonic() >= deadline:
+        if not left or time.monotonic() >= deadline:
             return left
         time.sleep(1e-3)
 
@@ -127,7 +124,7 @@ def release():
     raised, or waits in a call, until MPI_Abort or the launcher's limit.
     """
     with _lock:
-        left, _PARKED[:] = list(_PARKED), []
+        left, _PARKED[:], _LOST[:] = _PARKED + _LOST, [], []
     for rec in left:
         try:
             rec.poll()

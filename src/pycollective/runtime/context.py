@@ -189,7 +189,7 @@ class Context:
         if self.comm != MPI.COMM_NULL:
             # Freed once every peer's last message is in (closing.py): a notice still
             # on its way must not reach the communicator that gets this context id next.
-            _closing.close(self.comm, self.pending_notices, broken=self.broken is not None)
+            _closing.close(self.comm, self.pending_notices)
             self.pending_notices = []
             self.comm = MPI.COMM_NULL
         _LIVE.pop(id(self), None)

@@ -18,8 +18,7 @@ from pycollective.runtime.context import get_context
 
 
 def _reap_all():
-    """Parked duplicates left once those of healthy communicators are freed (an earlier
-    test's broken ones stay parked for good)."""
+    """Parked duplicates left after waiting (at most 30 s) for the peers' last messages."""
     return closing.reap(wait=30.0)
 
 
